@@ -24,11 +24,12 @@ from typing import Any
 
 import yaml
 
+from gpt.errors import UserError
 from gpt.norms import NORM_TYPES
 
 
-class ConfigError(ValueError):
-    """A mistake in a config file or override; the message is one line."""
+class ConfigError(UserError):
+    """A mistake in a config file or override."""
 
 
 class _Required:
@@ -80,9 +81,35 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    """Where the tokens come from."""
+    """Where the tokens come from, and which token ranges serve as validation and test."""
 
-    path: str | None = opt(None, "directory of a prepared token set (train / val / test files)")
+    path: str | None = opt(None, "folder of a prepared token set (scripts/prepare_data.py) or of "
+                           "the author's <split>.safetensors files")
+    hub_repo: str | None = opt(None, "Hub data set of pre-tokenised splits, fetched into the local cache "
+                               "(instead of data.path)")
+    hub_revision: str | None = opt(None, "branch, tag or commit of data.hub_repo; null: main")
+    train_split: str = opt("train", "split trained on")
+    val_split: str = opt("val", "split of the validation loss measured during training "
+                         "(the author's sets: validation)")
+    val_offset: int = opt(0, "first token of the validation range", ge=0)
+    val_tokens: int = opt(4_194_304, "tokens in the validation range: the same tokens at every evaluation", ge=1)
+    test_split: str = opt("test", "split of the held-out test loss (the author's evaluator: validation)")
+    test_offset: int = opt(0, "first token of the test range (the author's evaluator: 50,000,000)", ge=0)
+    test_tokens: int | None = opt(None, "tokens in the test range; null: to the end of the split", ge=1)
+    shuffle: bool = opt(True, "read training sequences in an order shuffled by train.seed")
+
+    def validate(self, fail) -> None:
+        if self.path is not None and self.hub_repo is not None:
+            fail("hub_repo", "set data.path or data.hub_repo, not both")
+        if self.train_split in (self.val_split, self.test_split):
+            fail("train_split", f"{self.train_split!r} is also the validation or test split; "
+                                "held-out tokens must not be trained on")
+        if self.val_split == self.test_split:
+            test_end = math.inf if self.test_tokens is None else self.test_offset + self.test_tokens
+            if self.val_offset < test_end and self.test_offset < self.val_offset + self.val_tokens:
+                fail("test_offset", f"the test range [{self.test_offset:,}, {test_end:,}) of split "
+                     f"{self.test_split!r} overlaps the validation range [{self.val_offset:,}, "
+                     f"{self.val_offset + self.val_tokens:,}); move one of them")
 
 
 @dataclass

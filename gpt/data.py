@@ -1,0 +1,240 @@
+"""Token files: their layout, reading them lazily, and deterministic per-rank batching.
+
+A prepared data set is a folder with one flat token stream per split and a
+``meta.json`` (written by ``gpt.prepare``)::
+
+    train.bin  val.bin  test.bin  meta.json      (uint16, native byte order)
+
+The author's published sets hold one safetensors file per split with a single 1-D
+``tokens`` tensor (``train.safetensors``, ``validation.safetensors``); both layouts are
+read the same way: positional reads (``os.pread``) of just the tokens a batch needs.
+Nothing is memory-mapped or loaded whole, so a rank's memory does not grow with the
+data set.
+
+Batching. A split of N tokens holds ``(N - 1) // T`` training sequences of T + 1
+tokens (inputs and next-token targets), sequence i starting at token i * T. Global
+step s takes the sequences at positions ``[s * G, (s + 1) * G)`` of a seeded
+permutation (G = global batch in sequences); rank r of W takes the r-th of W equal
+slices of those, in micro-batches of ``micro_batch`` sequences. So the batches are a
+pure function of ``(seed, step, rank, world_size)``, any world size reads the same
+sequences in the same order, and no sequence is read twice.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gpt.errors import UserError
+
+TOKEN_DTYPE = np.uint16  # GPT-2's 50257 tokens fit
+META_FILE = "meta.json"
+_SAFETENSORS_DTYPES = {"U8": np.uint8, "I16": np.int16, "U16": np.uint16, "I32": np.int32,
+                       "U32": np.uint32, "I64": np.int64}
+
+
+class DataError(UserError):
+    """A data set that is missing, malformed or too small for the config."""
+
+
+class TokenFile:
+    """One split's token stream, read lazily with positional reads."""
+
+    def __init__(self, path: str | Path):
+        self._fd: int | None = None  # opened on first read
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise DataError(f"{self.path}: no such token file")
+        if self.path.suffix == ".safetensors":
+            self.dtype, self._start, self.n_tokens = _safetensors_layout(self.path)
+        else:
+            self.dtype, self._start = np.dtype(_meta_dtype(self.path.parent)), 0
+            size = self.path.stat().st_size
+            if size % self.dtype.itemsize:
+                raise DataError(f"{self.path}: {size} bytes is not a whole number of "
+                                f"{self.dtype.name} tokens (truncated?)")
+            self.n_tokens = size // self.dtype.itemsize
+
+    def __len__(self) -> int:
+        return self.n_tokens
+
+    def __getstate__(self):  # a DataLoader worker or a fork opens its own descriptor
+        return {**self.__dict__, "_fd": None}
+
+    def read(self, start: int, count: int) -> np.ndarray:
+        """Tokens ``[start, start + count)`` as a new array (only those bytes are read)."""
+        if start < 0 or count < 0 or start + count > self.n_tokens:
+            raise IndexError(f"{self.path}: tokens [{start}, {start + count}) outside [0, {self.n_tokens})")
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        nbytes = count * self.dtype.itemsize
+        buf = os.pread(self._fd, nbytes, self._start + start * self.dtype.itemsize)
+        if len(buf) != nbytes:
+            raise DataError(f"{self.path}: short read at token {start} (file changed or truncated?)")
+        return np.frombuffer(buf, dtype=self.dtype)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self):
+        self.close()
+
+
+def _safetensors_layout(path: Path) -> tuple[np.dtype, int, int]:
+    """(dtype, byte offset of the first token, token count) of a 1-D ``tokens`` tensor."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise DataError(f"{path}: not a safetensors file (too short)")
+        (header_len,) = struct.unpack("<Q", head)
+        try:
+            header = json.loads(f.read(header_len))
+        except (ValueError, UnicodeDecodeError):
+            raise DataError(f"{path}: not a safetensors file (bad header)") from None
+    entry = header.get("tokens")
+    if not isinstance(entry, dict):
+        names = ", ".join(k for k in header if k != "__metadata__")
+        raise DataError(f"{path}: no 'tokens' tensor (holds: {names or 'nothing'})")
+    if len(entry["shape"]) != 1 or entry["dtype"] not in _SAFETENSORS_DTYPES:
+        raise DataError(f"{path}: 'tokens' must be a 1-D integer tensor, got {entry['dtype']} {entry['shape']}")
+    dtype = np.dtype(_SAFETENSORS_DTYPES[entry["dtype"]])
+    begin, _ = entry["data_offsets"]
+    return dtype, 8 + header_len + begin, entry["shape"][0]
+
+
+def read_meta(data_dir: str | Path) -> dict | None:
+    path = Path(data_dir) / META_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError:
+        raise DataError(f"{path}: not valid JSON") from None
+
+
+def _meta_dtype(data_dir: Path) -> str:
+    meta = read_meta(data_dir)
+    return meta.get("dtype", "uint16") if meta else "uint16"
+
+
+def open_split(data_dir: str | Path, split: str) -> TokenFile:
+    """The token file of ``split`` in ``data_dir``: ``<split>.bin`` or ``<split>.safetensors``."""
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise DataError(f"{data_dir}: no such data directory (prepare one with scripts/prepare_data.py)")
+    for suffix in (".bin", ".safetensors"):
+        if (data_dir / f"{split}{suffix}").is_file():
+            return TokenFile(data_dir / f"{split}{suffix}")
+    found = sorted(p.stem for p in data_dir.iterdir() if p.suffix in (".bin", ".safetensors"))
+    raise DataError(f"{data_dir}: no split {split!r} ({split}.bin or {split}.safetensors); "
+                    f"splits here: {', '.join(found) or 'none'}")
+
+
+def resolve_data_dir(path: str | None, hub_repo: str | None, revision: str | None = None,
+                     cache_dir: str | None = None) -> Path:
+    """The local folder of a data set: ``path`` itself, or a snapshot of Hub repo ``hub_repo``."""
+    if path is not None:
+        return Path(path)
+    if hub_repo is None:
+        raise DataError("no data set: set data.path (a prepared folder) or data.hub_repo (a Hub data set)")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(hub_repo, repo_type="dataset", revision=revision, cache_dir=cache_dir,
+                                      allow_patterns=["*.bin", "*.safetensors", META_FILE]))
+    except Exception as e:  # offline, unknown repo, no access: the library's first line
+        raise DataError(f"data.hub_repo {hub_repo}: cannot fetch: {str(e).splitlines()[0]}") from None
+
+
+def _coprime_multiplier(n: int, rng: np.random.Generator) -> int:
+    while True:
+        a = int(rng.integers(1, n)) if n > 1 else 1
+        if math.gcd(a, n) == 1:
+            return a
+
+
+class TrainBatches:
+    """Deterministic per-rank training batches over one token file.
+
+    ``next_step()`` returns this rank's micro-batches of the next global step as
+    ``[(x, y), ...]``, each ``(micro_batch, T)`` int64, y being x shifted by one token.
+    The reader's whole position is ``state_dict()``, a few integers.
+    """
+
+    def __init__(self, tokens: TokenFile, seq_len: int, micro_batch: int, global_batch: int,
+                 rank: int = 0, world_size: int = 1, seed: int = 0, shuffle: bool = True):
+        if global_batch % (micro_batch * world_size):
+            raise DataError(f"global batch {global_batch} is not a multiple of micro-batch {micro_batch} "
+                            f"x world size {world_size}")
+        self.tokens, self.seq_len = tokens, seq_len
+        self.micro_batch, self.global_batch = micro_batch, global_batch
+        self.rank, self.world_size = rank, world_size
+        self.accum = global_batch // (micro_batch * world_size)
+        self.seed, self.shuffle = seed, shuffle
+        self.n_sequences = max(0, (len(tokens) - 1) // seq_len)
+        self.steps_available = self.n_sequences // global_batch
+        rng = np.random.default_rng(seed)
+        # position p -> sequence (a * p + b) mod n: a seeded permutation in O(1) memory
+        n = max(self.n_sequences, 1)
+        self._a, self._b = (_coprime_multiplier(n, rng), int(rng.integers(0, n))) if shuffle else (1, 0)
+        self.step = 0  # the next global step to read
+
+    def check_capacity(self, steps: int) -> None:
+        """Refuse, before training, a run that needs more sequences than the split has."""
+        if steps > self.steps_available:
+            per_step = self.global_batch * self.seq_len
+            raise DataError(
+                f"{self.tokens.path}: {len(self.tokens):,} tokens are {self.steps_available:,} steps of "
+                f"{self.global_batch} x {self.seq_len} tokens, but the run asks for {steps:,} steps "
+                f"({steps * per_step:,} tokens); use a larger data set or fewer tokens")
+
+    def sequence_ids(self, step: int) -> np.ndarray:
+        """Sequence numbers this rank reads at global ``step``, in micro-batch order."""
+        per_rank = self.global_batch // self.world_size
+        first = step * self.global_batch + self.rank * per_rank
+        positions = np.arange(first, first + per_rank, dtype=np.int64)
+        return (self._a * positions + self._b) % max(self.n_sequences, 1)
+
+    def read_sequences(self, ids: np.ndarray) -> torch.Tensor:
+        T = self.seq_len
+        rows = [self.tokens.read(int(i) * T, T + 1) for i in ids]
+        return torch.from_numpy(np.stack(rows).astype(np.int64))  # (len(ids), T + 1)
+
+    def batches(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        if not 0 <= step < self.steps_available:
+            raise IndexError(f"step {step} outside the {self.steps_available} steps the split holds")
+        seq = self.read_sequences(self.sequence_ids(step))
+        out = []
+        for k in range(self.accum):
+            chunk = seq[k * self.micro_batch:(k + 1) * self.micro_batch]
+            out.append((chunk[:, :-1], chunk[:, 1:]))  # inputs, next-token targets
+        return out
+
+    def next_step(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        out = self.batches(self.step)
+        self.step += 1
+        return out
+
+    def token_range(self) -> tuple[int, int]:
+        """The tokens ``[start, end)`` of the split that training sequences can touch."""
+        return 0, (self.n_sequences * self.seq_len + 1 if self.n_sequences else 0)
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "seed": self.seed, "shuffle": self.shuffle, "seq_len": self.seq_len,
+                "global_batch": self.global_batch, "n_sequences": self.n_sequences}
+
+    def load_state_dict(self, state: dict) -> None:
+        mine = self.state_dict()
+        for key in ("seed", "shuffle", "seq_len", "global_batch", "n_sequences"):
+            if state[key] != mine[key]:
+                raise DataError(f"cannot resume the data reader: {key} was {state[key]!r}, "
+                                f"now {mine[key]!r}; resume with the same data and batch settings")
+        self.step = int(state["step"])

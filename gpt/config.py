@@ -26,6 +26,7 @@ import yaml
 
 from gpt.errors import UserError
 from gpt.norms import NORM_TYPES
+from gpt.schedule import SCHEDULES
 
 
 class ConfigError(UserError):
@@ -119,6 +120,9 @@ class OptimConfig:
     lr: float = opt(1.4e-3, "peak learning rate, reached at the end of warmup", gt=0)
     min_lr: float = opt(1.4e-4, "floor of the cosine decay", ge=0)
     warmup_frac: float = opt(0.05, "fraction of the steps spent in linear warmup from 0", ge=0, le=1)
+    schedule: str = opt("cosine", "after warmup: cosine to min_lr, constant, or wsd (stable, then linear "
+                        "decay to min_lr over the last decay_frac)", choices=SCHEDULES)
+    decay_frac: float = opt(0.2, "wsd only: fraction of the steps spent in the final decay", ge=0, le=1)
     weight_decay: float = opt(0.1, "AdamW weight decay", ge=0)
     decay_norms_and_biases: bool = opt(True, "also decay norm weights and biases "
                                        "(the write-up's harness decayed every parameter)")
@@ -147,6 +151,13 @@ class TrainConfig:
     precision: str = opt("fp32", "fp32, bf16 (autocast) or fp16 (autocast + grad scaling, the write-up)",
                          choices=("fp32", "bf16", "fp16"))
     compile: bool = opt(False, "wrap the model in torch.compile")
+    eval_every: int = opt(500, "measure the validation loss every this many steps (and at the end)", ge=1)
+    checkpoint_every: int = opt(617, "write a checkpoint every this many steps (and at the end)", ge=1)
+    keep_last: int = opt(2, "checkpoints kept besides the best one", ge=1)
+    max_nonfinite_steps: int = opt(25, "stop as diverged after this many consecutive steps with a "
+                                   "non-finite loss or gradient (each one's update is skipped)", ge=1)
+    loss_ceiling: float | None = opt(None, "stop as diverged when the train loss exceeds this after warmup; "
+                                     "null: no ceiling", gt=0)
 
     def validate(self, fail) -> None:
         if self.global_batch_size % self.micro_batch_size:
@@ -167,13 +178,15 @@ class RunConfig:
 
     name: str = opt(REQUIRED, "name of the run; its directory is runs/<name> unless run.dir is set")
     dir: str | None = opt(None, "run directory; null: runs/<run.name>")
+    device: str = opt("auto", "auto (cuda when available), cuda or cpu", choices=("auto", "cuda", "cpu"))
 
 
 @dataclass
 class LogConfig:
     """Where metrics go."""
 
-    log_every: int = opt(10, "log train loss every this many steps", ge=1)
+    log_every: int = opt(10, "log metrics every this many steps (the only steps that wait for the GPU)", ge=1)
+    progress: bool = opt(True, "show a progress bar on rank 0")
     wandb: bool = opt(False, "also log to Weights & Biases")
     wandb_project: str = opt("gpt2-norms", "W&B project")
     wandb_entity: str | None = opt(None, "W&B entity (user or team); null: your default")
@@ -205,6 +218,19 @@ class Config:
     @property
     def init_seed(self) -> int:
         return self.model.init_seed if self.model.init_seed is not None else self.train.seed
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.train.global_batch_size * self.model.context_length
+
+    def total_steps(self, n_params: int) -> int:
+        """Optimizer steps of the run: train.steps, or enough steps for train.tokens or
+        train.tokens_per_param x n_params tokens (rounded up)."""
+        t = self.train
+        if t.steps is not None:
+            return t.steps
+        tokens = t.tokens if t.tokens is not None else t.tokens_per_param * n_params
+        return math.ceil(tokens / self.tokens_per_step)
 
 
 # ---------------------------------------------------------------------------- reading

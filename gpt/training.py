@@ -34,7 +34,7 @@ from gpt.config import Config, dump_config
 from gpt.data import DataError, TrainBatches, open_split, resolve_data_dir
 from gpt.distributed import Dist, setup
 from gpt.errors import UserError
-from gpt.evaluation import eval_sequences, evaluate_loss
+from gpt.evaluation import autocast_for, eval_sequences, evaluate_loss
 from gpt.metrics import Metrics, read_metrics, truncate_metrics
 from gpt.model import GPT
 from gpt.norms import NORM_MODULES
@@ -75,13 +75,6 @@ def make_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device) ->
             (no_decay if id(p) in norm_ids or name.endswith("bias") else decay).append(p)
         groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=True)
-
-
-def autocast_for(precision: str, device: torch.device):
-    if precision == "fp32":
-        return contextlib.nullcontext
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return lambda: torch.autocast(device_type=device.type, dtype=dtype)
 
 
 class StopFlag:

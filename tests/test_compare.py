@@ -1,0 +1,121 @@
+"""scripts/compare.py on synthetic run directories with known numbers."""
+
+import json
+import math
+import subprocess
+import sys
+
+import matplotlib.image
+import pytest
+
+from gpt.compare import compare
+from gpt.config import config_from_dict, dump_config
+from gpt.errors import UserError
+
+from conftest import ROOT
+
+T_975_2DF = 4.302652729911275  # Student t, 97.5% quantile, 2 degrees of freedom (tables)
+
+BASE = {"hr": [3.600, 3.590, 3.610], "pt": [3.570, 3.575, 3.580]}
+
+
+def make_run(root, name, norm_type, seed, loss=None, status="completed", split="test", offset=0, n_tokens=1000,
+             tokenizer="gpt2", diverged_at=None):
+    run = root / name
+    cfg = config_from_dict({"run": {"name": name}, "train": {"steps": 100, "seed": seed},
+                            "model": {"norm_type": norm_type}})
+    ckpt = run / "checkpoints" / "step-00000100"
+    ckpt.mkdir(parents=True)
+    (run / "config.yaml").write_text(dump_config(cfg))
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "tokens": s * 1000, "train_loss": 5 - s / 50 + seed / 100, "grad_norm": 1.0 + s / 100,
+                    **({"val_loss": 5 - s / 60} if s % 50 == 0 else {})}) + "\n" for s in range(1, 101)))
+    (run / "summary.json").write_text(json.dumps({"status": status, "tokens_per_s": 1000.0 + seed, "wall_seconds": 60.0,
+                                                  "diverged_at_step": diverged_at}))
+    (ckpt / "model.safetensors").write_bytes(b"")
+    (run / "checkpoints" / "latest").write_text(ckpt.name + "\n")
+    if loss is not None:
+        (ckpt / "eval-test-fp32.json").write_text(json.dumps({
+            "loss": loss, "split": split, "offset": offset, "n_tokens": n_tokens, "tokenizer": tokenizer,
+            "data_dir": "data/x", "precision": "fp32"}))
+    return run
+
+
+@pytest.fixture
+def runs(tmp_path):
+    paths = [make_run(tmp_path, f"hr-s{s}", "handrolled_layernorm", s, BASE["hr"][s]) for s in range(3)]
+    paths += [make_run(tmp_path, f"pt-s{s}", "pytorch_layernorm", s, BASE["pt"][s]) for s in range(3)]
+    paths += [make_run(tmp_path, f"rms-s{s}", "pytorch_rmsnorm", s, loss) for s, loss in ((3, 3.58), (4, 3.60))]
+    paths += [make_run(tmp_path, "none-s0", "no_norm", 0, status="diverged", diverged_at=530)]
+    return paths
+
+
+def test_means_stds_and_paired_interval(runs, tmp_path):
+    result = compare(runs, tmp_path / "out")
+    rows = {r["group"]: r for r in result["groups"]}
+    assert result["baseline"] == "handrolled_layernorm"
+    assert rows["handrolled_layernorm"]["test_loss_mean"] == pytest.approx(3.6)
+    assert rows["handrolled_layernorm"]["test_loss_std"] == pytest.approx(0.01)
+    assert rows["pytorch_layernorm"]["test_loss_mean"] == pytest.approx(3.575)
+    assert rows["pytorch_layernorm"]["test_loss_std"] == pytest.approx(0.005)
+    # paired by seed: differences -0.03, -0.015, -0.03
+    diffs = [p - h for p, h in zip(BASE["pt"], BASE["hr"])]
+    mean = sum(diffs) / 3
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 2)
+    half = T_975_2DF * sd / math.sqrt(3)
+    v = rows["pytorch_layernorm"]["vs_baseline"]
+    assert v["method"] == "paired" and v["n"] == 3
+    assert v["diff"] == pytest.approx(-0.025) and v["low"] == pytest.approx(mean - half) \
+        and v["high"] == pytest.approx(mean + half)
+    assert v["high"] < 0  # beyond noise in this made-up example
+    # different seeds: Welch
+    w = rows["pytorch_rmsnorm"]["vs_baseline"]
+    assert w["method"] == "welch" and w["diff"] == pytest.approx(3.59 - 3.6)
+    assert w["low"] < w["diff"] < w["high"]
+    # the diverged run is reported as such, with its step, not dropped
+    none = rows["no_norm"]
+    assert none["status"] == {"diverged": 1} and none["diverged_at"] == [530]
+    assert none["n_evaluated"] == 0 and math.isnan(none["test_loss_mean"]) and none["missing_evaluation"] == []
+    assert rows["handrolled_layernorm"]["tokens_per_s_mean"] == pytest.approx(1001.0)
+
+
+def test_outputs_are_written(runs, tmp_path):
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "compare.py"), *map(str, runs), "--out", str(out),
+                          "--baseline", "pytorch_layernorm"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    md = (out / "comparison.md").read_text()
+    assert "| no_norm | 1 (0) | n/a | n/a | n/a |" in md and "1 diverged (diverged at step 530)" in md
+    assert "| pytorch_layernorm | 3 (0, 1, 2) | 3.5750 | 0.0050 | baseline |" in md
+    assert "| handrolled_layernorm | 3 (0, 1, 2) | 3.6000 | 0.0100 | +0.0250 [" in md and "paired" in md
+    assert md in res.stdout
+    data = json.loads((out / "comparison.json").read_text())
+    assert data["baseline"] == "pytorch_layernorm" and len(data["groups"]) == 4
+    for name in ("train_loss.png", "val_loss.png", "grad_norm.png", "test_loss.png"):
+        png = out / name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+        assert matplotlib.image.imread(png).shape[2] in (3, 4)  # decodes as an image
+
+
+def test_missing_evaluation_is_reported(tmp_path):
+    a = make_run(tmp_path, "a", "dyt", 0, 3.7)
+    b = make_run(tmp_path, "b", "dyt", 1)
+    c = make_run(tmp_path, "c", "pytorch_rmsnorm", 0, 3.6)
+    result = compare([a, b, c], tmp_path / "out", baseline="dyt")
+    dyt = next(g for g in result["groups"] if g["group"] == "dyt")
+    assert dyt["missing_evaluation"] == [str(b)] and dyt["n_evaluated"] == 1
+    assert f"Not evaluated (run `python evaluate.py` on them): {b}" in (tmp_path / "out" / "comparison.md").read_text()
+
+
+def test_incomparable_runs_are_refused(tmp_path):
+    a = make_run(tmp_path, "a", "dyt", 0, 3.7)
+    b = make_run(tmp_path, "b", "pytorch_rmsnorm", 0, 3.6, offset=50_000_000)
+    with pytest.raises(UserError, match="evaluated on different test tokens, so their losses are not comparable"):
+        compare([a, b], tmp_path / "out")
+    c = make_run(tmp_path, "c", "pytorch_rmsnorm", 1, 3.6, tokenizer="cl100k_base")
+    with pytest.raises(UserError, match="tokenizer cl100k_base"):
+        compare([a, c], tmp_path / "out")
+    with pytest.raises(UserError, match=f"{tmp_path / 'nope'}: not a run directory"):
+        compare([a, tmp_path / "nope"], tmp_path / "out")
+    with pytest.raises(UserError, match=r"--baseline 'layernorm' is not a group; groups: dyt"):
+        compare([a], tmp_path / "out", baseline="layernorm")

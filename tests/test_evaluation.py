@@ -1,0 +1,122 @@
+"""evaluate.py and gpt.evaluation: exactness, determinism, world sizes, disjoint ranges, bad input."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from gpt.checkpoint import find_checkpoint
+from gpt.config import load_config
+from gpt.distributed import Dist
+from gpt.evaluation import evaluate_checkpoint, evaluate_loss, resolve_which
+from gpt.data import TokenFile
+from gpt.errors import UserError
+from gpt.model import GPT
+from gpt.training import train
+
+from conftest import ROOT
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def run_eval(*args, launcher=None):
+    cmd = [*(launcher or [sys.executable]), str(ROOT / "evaluate.py"), *map(str, args), "--quiet"]
+    return subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, token_set):
+    """One finished tiny run (module-wide: several tests evaluate it)."""
+    from conftest import VOCAB
+    folder = tmp_path_factory.mktemp("evalrun")
+    path = folder / "cfg.yaml"
+    path.write_text(f"""
+run: {{name: evalrun, dir: {folder / 'run'}, device: cpu}}
+model: {{vocab_size: {VOCAB}, context_length: 32, d_model: 32, n_layers: 2, n_heads: 2}}
+data: {{path: {token_set}, val_tokens: 2048, test_tokens: 5000}}
+train: {{steps: 8, micro_batch_size: 4, global_batch_size: 8, eval_every: 8, checkpoint_every: 8}}
+log: {{progress: false}}
+""")
+    train(load_config(path))
+    return folder / "run"
+
+
+def test_loss_matches_a_hand_computation(tiny_model_cfg, tmp_path):
+    cfg = tiny_model_cfg(context_length=8)
+    model = GPT(cfg, seed=3).eval()
+    tokens = (np.arange(1000) * 31 % 97).astype(np.uint16)
+    (tmp_path / "t.bin").write_bytes(tokens.tobytes())
+    f = TokenFile(tmp_path / "t.bin")
+    offset, n_tokens, T = 17, 203, 8  # 25 sequences of 9 tokens; batches of 4 leave a partial one
+    loss, scored = evaluate_loss(model, f, offset, n_tokens, T, 4, Dist())
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in range((n_tokens - 1) // T):
+            seq = torch.tensor(tokens[offset + i * T: offset + i * T + T + 1].astype(np.int64))
+            logits = model(seq[None, :-1])[0][0].double()
+            for pos in range(T):  # -log softmax of the true next token, one by one
+                total += (torch.logsumexp(logits[pos], 0) - logits[pos, seq[pos + 1]]).item()
+                count += 1
+    assert scored == count == 25 * 8
+    assert abs(loss - total / count) <= 1e-6
+
+
+def test_repeat_and_world_sizes_agree_exactly(trained, tmp_path):
+    first = run_eval(trained, "--json", tmp_path / "a.json")
+    again = run_eval(trained, "--json", tmp_path / "b.json")
+    ddp = run_eval(trained, "--json", tmp_path / "c.json", launcher=[sys.executable, "-m", "torch.distributed.run",
+                                                                     "--standalone", "--nproc_per_node=2"])
+    for out in (first, again, ddp):
+        assert out.returncode == 0, out.stderr[-2000:]
+    a, b, c = (json.loads((tmp_path / f"{x}.json").read_text())[0] for x in "abc")
+    assert a["loss"] == b["loss"] == c["loss"]  # bit-identical, not just close
+    assert c["world_size"] == 2 and a["world_size"] == 1
+    assert a["tokens"] == (5000 - 1) // 32 * 32 and a["split"] == "test" and a["precision"] == "fp32"
+    assert a["perplexity"] == pytest.approx(math.exp(a["loss"]))
+    assert f"{a['loss']:.6f}" in first.stdout and "evalrun" in first.stdout
+    written = json.loads((find_checkpoint(trained) / "eval-test-fp32.json").read_text())
+    assert written["loss"] == a["loss"] and written["step"] == 8 and written["range"] == [0, 5000]
+
+
+def test_range_is_disjoint_from_what_training_read(trained):
+    summary = json.loads((trained / "summary.json").read_text())
+    result = json.loads((find_checkpoint(trained) / "eval-test-fp32.json").read_text()) \
+        if (find_checkpoint(trained) / "eval-test-fp32.json").is_file() \
+        else evaluate_checkpoint(find_checkpoint(trained), Dist(), show_progress=False)
+    start, end = result["range"]
+    for split, lo, hi in (summary["train_token_range"], summary["val_token_range"]):
+        assert split != result["split"] or end <= lo or hi <= start
+    with pytest.raises(UserError, match=r"test range train \[0, 5,000\) overlaps the tokens run read for train"):
+        evaluate_checkpoint(find_checkpoint(trained), Dist(), split="train", show_progress=False)
+    with pytest.raises(UserError, match=r"overlaps the tokens run read for val: val \[0, 2,048\)"):
+        evaluate_checkpoint(find_checkpoint(trained), Dist(), split="val", offset=1000, show_progress=False)
+    ok = evaluate_checkpoint(find_checkpoint(trained), Dist(), split="val", offset=2048, n_tokens=2000,
+                             show_progress=False, write=False)
+    assert ok["range"] == [2048, 4048]
+
+
+def test_bad_paths(trained, tmp_path):
+    out = run_eval(tmp_path)
+    assert out.returncode == 2 and out.stderr.startswith(f"error: {tmp_path}: not a run directory or checkpoint")
+    broken = tmp_path / "broken"
+    (broken / "checkpoints").mkdir(parents=True)
+    ckpt = find_checkpoint(trained)
+    target = broken / "checkpoints" / ckpt.name
+    target.mkdir()
+    (target / "model.safetensors").write_bytes((ckpt / "model.safetensors").read_bytes())
+    out = run_eval(target)
+    assert out.returncode == 2
+    assert out.stderr == f"error: {target}: no config.yaml; cannot tell what model it holds\n"
+    original = (trained / "summary.json").read_text()
+    (trained / "summary.json").write_text(json.dumps({"status": "interrupted"}))
+    try:
+        with pytest.raises(UserError, match=r"the run has no final checkpoint \(status: interrupted\); use --which"):
+            resolve_which(trained, "final")
+        assert resolve_which(trained, "latest") == ckpt
+    finally:
+        (trained / "summary.json").write_text(original)

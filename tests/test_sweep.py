@@ -1,0 +1,71 @@
+"""scripts/sweep.py: a grid of tiny runs; reruns skip finished cells and resume interrupted ones."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from safetensors.torch import load_file
+
+from gpt.checkpoint import find_checkpoint
+from gpt.sweep import run_sweep
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def grid_cfg(train_yaml, tmp_path):
+    text = train_yaml("grid").read_text().replace("steps: 20", "steps: 6").replace(
+        "checkpoint_every: 10", "checkpoint_every: 3").replace("eval_every: 10", "eval_every: 3")
+    path = tmp_path / "grid.yaml"
+    path.write_text(text.replace("data: {path:", "data: {test_tokens: 4096, path:"))
+    return path
+
+
+def test_sweep_skips_completed_and_resumes_interrupted(grid_cfg, tmp_path):
+    runs = tmp_path / "runs"
+    lines = []
+    result = run_sweep(grid_cfg, ["pytorch_layernorm", "dyt"], [0], runs, log=lines.append)
+    names = ["grid-pytorch-layernorm-s0", "grid-dyt-s0"]
+    assert sorted(p.name for p in runs.iterdir()) == sorted(names + ["grid-comparison"])
+    assert [g["group"] for g in result["groups"]] == ["pytorch_layernorm", "dyt"]
+    assert all(g["n_evaluated"] == 1 for g in result["groups"])
+    assert (runs / "grid-comparison" / "comparison.md").is_file()
+    assert sum("test loss" in line for line in lines) == 2
+    done = runs / "grid-dyt-s0"
+    final = load_file(str(find_checkpoint(done) / "model.safetensors"))
+    metrics_before = (runs / names[0] / "metrics.jsonl").read_text()
+
+    # make the dyt cell look interrupted after step 3: its last checkpoint is step 3
+    ckpts = done / "checkpoints"
+    shutil.rmtree(ckpts / "step-00000006")
+    (ckpts / "latest").write_text("step-00000003\n")
+    (ckpts / "best").write_text("step-00000003\n")
+    summary = json.loads((done / "summary.json").read_text())
+    (done / "summary.json").write_text(json.dumps({**summary, "status": "interrupted", "steps": 3}))
+
+    lines.clear()
+    again = run_sweep(grid_cfg, ["pytorch_layernorm", "dyt"], [0], runs, log=lines.append)
+    assert lines[0] == "[1/2] grid-pytorch-layernorm-s0: completed, skipped"
+    assert lines[1] == "[2/2] grid-dyt-s0: resuming"
+    assert (runs / names[0] / "metrics.jsonl").read_text() == metrics_before  # not retrained
+    assert json.loads((done / "summary.json").read_text())["status"] == "completed"
+    resumed = load_file(str(find_checkpoint(done) / "model.safetensors"))
+    assert all((resumed[k] == final[k]).all() for k in final)  # the same weights as the first time
+    assert [json.loads(line)["step"] for line in (done / "metrics.jsonl").read_text().splitlines()] == list(range(1, 7))
+    assert [g["test_loss_mean"] for g in again["groups"]] == [g["test_loss_mean"] for g in result["groups"]]
+
+
+def test_dry_run_prints_commands(grid_cfg, tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep.py"), str(grid_cfg), "--norm-types",
+                          "no_norm", "--seeds", "1", "2", "--nproc", "2", "--runs-dir", str(tmp_path / "r"),
+                          "--dry-run"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 5 and not (tmp_path / "r").exists()
+    assert "torch.distributed.run --standalone --nproc_per_node=2" in lines[0]
+    assert "--set model.norm_type=no_norm --set train.seed=1 --set run.name=grid-no-norm-s1" in lines[0]
+    assert lines[0].endswith("--resume auto") and "evaluate.py" in lines[1] and "compare.py" in lines[4]

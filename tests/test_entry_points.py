@@ -52,8 +52,8 @@ def test_demo_runs_the_whole_path(train_yaml, tmp_path):
               "pytorch_rmsnorm", "--runs-dir", tmp_path / "runs", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     table = [line for line in out.stdout.splitlines() if line.startswith("| ")]
-    assert table[2].startswith("| handrolled_layernorm | 1 (0) | ") and "| baseline |" in table[2]
-    assert table[3].startswith("| pytorch_rmsnorm | 1 (0) | ") and "1 completed" in table[3]
+    assert table[1].startswith("| handrolled_layernorm | 1 (0) | ") and "| baseline |" in table[1]
+    assert table[2].startswith("| pytorch_rmsnorm | 1 (0) | ") and "1 completed" in table[2]
     for name in ("comparison.md", "test_loss.png", "train_loss.png"):
         assert (tmp_path / "runs" / "demo-comparison" / name).is_file()
     assert "demo wall time:" in out.stdout

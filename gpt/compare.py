@@ -201,14 +201,14 @@ def markdown(result: dict) -> str:
         elif v["method"] is None:
             versus = "n/a"
         else:
-            versus = f"{v['diff']:+.4f} [{_fmt(v['low'], '+.4f')}, {_fmt(v['high'], '+.4f')}] {v['method']}"
+            versus = f"{v['diff']:+.6f} [{_fmt(v['low'], '+.6f')}, {_fmt(v['high'], '+.6f')}] {v['method']}"
         status = ", ".join(f"{n} {s}" for s, n in g["status"].items())
         if g["diverged_at"]:
             status += f" (diverged at step {', '.join(str(s) for s in g['diverged_at'])})"
         if g["missing_evaluation"]:
             status += f"; {len(g['missing_evaluation'])} not evaluated"
         lines.append(f"| {g['group']} | {len(g['seeds'])} ({', '.join(map(str, g['seeds']))}) | "
-                     f"{_fmt(g['test_loss_mean'])} | {_fmt(g['test_loss_std'])} | {versus} | "
+                     f"{_fmt(g['test_loss_mean'], '.6f')} | {_fmt(g['test_loss_std'], '.6f')} | {versus} | "
                      f"{_fmt(g['tokens_per_s_mean'], ',.0f')} | {_fmt(g['wall_seconds_mean'], ',.0f')} | {status} |")
     missing = [p for g in result["groups"] for p in g["missing_evaluation"]]
     lines += ["", "Intervals: t distribution; 'paired' pairs runs by seed (same initial weights outside the norm), "

@@ -196,7 +196,7 @@ def evaluate_hf(name: str, d: Dist, like: dict | None, precision: str, batch_siz
         raise UserError(f"--hf {name}: cannot load: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     cfg = config_from_dict({"run": {"name": f"hf:{name}"}, "train": {"steps": 1}, "model": vars(model.cfg)})
     rng, tokens = held_out_range(cfg, data, split or "test", offset or 0, n_tokens)
-    result = evaluate_model(model, rng, tokens, min(cfg.model.context_length, 1024), batch_size, precision, d,
+    result = evaluate_model(model, rng, tokens, cfg.model.context_length, batch_size, precision, d,
                             show_progress)
     return {"run": f"hf:{name}", "norm_type": cfg.model.norm_type, "seed": None, "checkpoint": name, "step": None,
             **result}

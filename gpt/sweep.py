@@ -67,7 +67,7 @@ def run_sweep(config: Path, norm_types: list[str], seeds: list[int], runs_dir: P
               dry_run: bool = False, log=print) -> dict | None:
     """Run the grid; returns the comparison (None for a dry run)."""
     from gpt.compare import compare
-    from gpt.distributed import Dist
+    from gpt.distributed import setup
     from gpt.evaluation import eval_file_name, evaluate_checkpoint, resolve_which
     from gpt.training import train
 
@@ -99,8 +99,12 @@ def run_sweep(config: Path, norm_types: list[str], seeds: list[int], runs_dir: P
         if status == "completed":
             ckpt = resolve_which(cell.run_dir, "final")
             if not (ckpt / eval_file_name(cell.cfg.data.test_split, "fp32")).is_file():
-                result = evaluate_checkpoint(ckpt, Dist(), show_progress=False)
-                log(f"{where}: test loss {result['loss']:.6f} on {result['tokens']:,} tokens")
+                if nproc > 1:
+                    subprocess.run([*command[:command.index(str(ROOT / "train.py"))], str(ROOT / "evaluate.py"),
+                                    str(cell.run_dir), "--quiet"], check=True)
+                else:
+                    result = evaluate_checkpoint(ckpt, setup(cell.cfg.run.device), show_progress=False)
+                    log(f"{where}: test loss {result['loss']:.6f} on {result['tokens']:,} tokens")
     if dry_run:
         log(shlex.join([sys.executable, str(ROOT / "scripts" / "compare.py"), *[str(c.run_dir) for c in cells],
                         "--out", str(out)]))

@@ -235,6 +235,8 @@ def _train(cfg: Config, d: Dist, resume: str | None, overwrite: bool) -> dict:
                 group["lr"] = lr
             loss_sum = torch.zeros((), device=d.device)
             for k, (x, y) in enumerate(reader.next_step()):
+                if d.device.type == "cuda":  # pinned: the copy does not wait for the GPU to drain
+                    x, y = x.pin_memory(), y.pin_memory()
                 x, y = x.to(d.device, non_blocking=True), y.to(d.device, non_blocking=True)
                 sync = contextlib.nullcontext() if (not d.enabled or k == accum - 1) else net.no_sync()
                 with sync:

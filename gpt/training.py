@@ -102,17 +102,18 @@ class StopFlag:
 def prepare_run_dir(cfg: Config, resume: str | None, overwrite: bool) -> Path | None:
     """The checkpoint to resume from (or None), after refusing anything that would lose a run."""
     run_dir = cfg.run_dir
-    if resume is not None and resume != "auto":
-        return ckpt_io.find_checkpoint(resume)
     latest = ckpt_io.latest_checkpoint(run_dir) if run_dir.is_dir() else None
     if resume == "auto":
         return latest
+    source = ckpt_io.find_checkpoint(resume) if resume is not None else None
+    if source is not None and run_dir.resolve() in source.resolve().parents:
+        return source  # an earlier checkpoint of this very run
     holds_run = latest is not None or (run_dir / "metrics.jsonl").is_file()
     if holds_run and not overwrite:
         what = f"checkpoints up to {latest.name}" if latest else "metrics of an earlier run"
         raise UserError(f"{run_dir} already holds a run ({what}); pass --resume auto to continue it, "
                         f"--overwrite to start over (the old run is moved aside), or set run.name / run.dir")
-    return None
+    return source
 
 
 def _move_aside(run_dir: Path) -> Path:
@@ -178,7 +179,7 @@ def _train(cfg: Config, d: Dist, resume: str | None, overwrite: bool) -> dict:
         rngs = state["rng"]
         ckpt_io.set_rng_state(rngs[d.rank] if d.rank < len(rngs) else rngs[0])
     if d.is_main:
-        if resume_from is None and run_dir.exists() and overwrite:
+        if overwrite and run_dir.exists() and not (resume_from and run_dir.resolve() in resume_from.resolve().parents):
             aside = _move_aside(run_dir)
             print(f"moved the earlier run to {aside}", file=sys.stderr)
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -220,6 +220,11 @@ def test_existing_run_is_not_overwritten(train_yaml, tmp_path):
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
     again = train(cfg, resume="auto")  # nothing left to do: the finished run stays finished
     assert again["steps"] == 20 and again["status"] == "completed"
+    # continuing another run's checkpoint in a new directory is fine once, not over a run
+    other = load_config(train_yaml(), [f"run.dir={tmp_path / 'other'}"])
+    assert train(other, resume=str(tmp_path / "run"))["steps"] == 20
+    with pytest.raises(UserError, match="other already holds a run"):
+        train(other, resume=str(tmp_path / "run"))
     train(cfg, overwrite=True)
     moved = [p for p in tmp_path.iterdir() if p.name.startswith("run.replaced-")]
     assert len(moved) == 1 and (moved[0] / "metrics.jsonl").read_text() == before

@@ -120,3 +120,25 @@ def test_bad_paths(trained, tmp_path):
         assert resolve_which(trained, "latest") == ckpt
     finally:
         (trained / "summary.json").write_text(original)
+
+
+def test_hf_gpt2_is_scored_on_the_same_tokens(tmp_path, token_set):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from gpt.evaluation import evaluate_hf
+
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=32, n_embd=32, n_layer=2, n_head=2)).eval()
+    hf.save_pretrained(tmp_path / "hf-tiny")
+    result = evaluate_hf(str(tmp_path / "hf-tiny"), Dist(), None, "fp32", 4, data=str(token_set), split="test",
+                         n_tokens=1000, show_progress=False)
+    assert result["run"] == f"hf:{tmp_path / 'hf-tiny'}" and result["tokens"] == (1000 - 1) // 32 * 32
+    tokens = np.fromfile(token_set / "test.bin", dtype=np.uint16)[:1000].astype(np.int64)
+    n_seq = (1000 - 1) // 32
+    seqs = torch.tensor(np.stack([tokens[i * 32: i * 32 + 33] for i in range(n_seq)]))
+    with torch.no_grad():  # transformers' own forward pass
+        logits = hf(seqs[:, :-1]).logits
+    expected = torch.nn.functional.cross_entropy(logits.flatten(0, 1).double(), seqs[:, 1:].flatten()).item()
+    assert abs(result["loss"] - expected) <= 1e-5
+    with pytest.raises(UserError, match="--hf needs the tokens to score"):
+        evaluate_hf("gpt2", Dist(), None, "fp32", 4)

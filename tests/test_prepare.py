@@ -1,10 +1,12 @@
 """scripts/prepare_data.py and gpt.prepare: split by document, counts, determinism, bad input."""
 
+import importlib.util
 import json
 import os
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -69,16 +71,28 @@ def check_prepared(folder, all_docs):
     return meta
 
 
-def run_prepare(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "prepare_data.py"), *map(str, args), "--quiet"],
-                          cwd=cwd, capture_output=True, text=True, timeout=300)
+def _load_script():
+    spec = importlib.util.spec_from_file_location("prepare_data", ROOT / "scripts" / "prepare_data.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PREPARE_DATA = _load_script()
+
+
+def run_prepare(capsys, *args):
+    """scripts/prepare_data.py in this process (its CLI without the interpreter start-up)."""
+    code = PREPARE_DATA.main([*map(str, args), "--quiet"])
+    out = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
 
 
 @pytest.mark.parametrize("kind", ["txt", "jsonl", "parquet"])
-def test_local_sources_split_by_document(corpus, tmp_path, kind):
+def test_local_sources_split_by_document(corpus, tmp_path, kind, capsys):
     extra = ["--text-column", "body"] if kind == "jsonl" else []
     out = tmp_path / f"out-{kind}"
-    res = run_prepare(corpus[kind], "--out", out, "--val-tokens", "300", "--test-tokens", "500", *extra)
+    res = run_prepare(capsys, corpus[kind], "--out", out, "--val-tokens", "300", "--test-tokens", "500", *extra)
     assert res.returncode == 0, res.stderr
     meta = check_prepared(out, corpus["docs"])
     assert meta["source"]["format"] == {"txt": "text", "jsonl": "json", "parquet": "parquet"}[kind]
@@ -113,9 +127,9 @@ def test_held_out_splits_do_not_depend_on_max_tokens(corpus, tmp_path):
 
 
 @pytest.mark.slow
-def test_shakespeare(tmp_path):
+def test_shakespeare(tmp_path, capsys):
     out = tmp_path / "shakespeare"
-    res = run_prepare("shakespeare", "--out", out)
+    res = run_prepare(capsys, "shakespeare", "--out", out)
     assert res.returncode == 0, res.stderr
     meta = json.loads((out / "meta.json").read_text())
     counts = {s: meta["splits"][s]["tokens"] for s in SPLITS}
@@ -132,7 +146,7 @@ def test_shakespeare(tmp_path):
             assert "_" not in d and "**" not in d and "#" not in d and "\\" not in d  # no markdown left
     assert len(seen) == 38
     again = tmp_path / "again"
-    assert run_prepare("shakespeare", "--out", again).returncode == 0
+    assert run_prepare(capsys, "shakespeare", "--out", again).returncode == 0
     for name in ("train.bin", "val.bin", "test.bin", "meta.json"):
         assert (out / name).read_bytes() == (again / name).read_bytes()
 
@@ -148,7 +162,8 @@ def test_play_to_text():
 # --------------------------------------------------------------------------- bad input
 
 def test_missing_path(tmp_path):
-    res = run_prepare(tmp_path / "nothing.txt", "--out", tmp_path / "out")
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "prepare_data.py"), str(tmp_path / "nothing.txt"),
+                          "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2
     assert res.stderr == f"error: {tmp_path / 'nothing.txt'}: no such file\n"
     assert not (tmp_path / "out").exists()
@@ -167,8 +182,8 @@ def test_empty_file(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_too_small_for_requested_splits(corpus, tmp_path):
-    res = run_prepare(corpus["txt"], "--out", tmp_path / "out")  # default 10M + 20M held out
+def test_too_small_for_requested_splits(corpus, tmp_path, capsys):
+    res = run_prepare(capsys, corpus["txt"], "--out", tmp_path / "out")  # default 10M + 20M held out
     assert res.returncode == 2 and res.stderr.count("\n") == 1
     assert "tokens in 60 documents are too few for --test-tokens 20,000,000 + --val-tokens 10,000,000" \
         in res.stderr
@@ -176,8 +191,8 @@ def test_too_small_for_requested_splits(corpus, tmp_path):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []
 
 
-def test_wrong_column_names_the_columns(corpus, tmp_path):
-    res = run_prepare(corpus["jsonl"], "--out", tmp_path / "out", "--val-tokens", "1", "--test-tokens", "1")
+def test_wrong_column_names_the_columns(corpus, tmp_path, capsys):
+    res = run_prepare(capsys, corpus["jsonl"], "--out", tmp_path / "out", "--val-tokens", "1", "--test-tokens", "1")
     assert res.returncode == 2
     assert res.stderr.endswith("no column 'text'; columns: id, body (choose one with --text-column)\n")
 

@@ -13,7 +13,6 @@ atomically; an existing one is kept unless --overwrite.
 """
 
 import argparse
-import json
 import re
 import sys
 import time

@@ -144,7 +144,7 @@ def test_kill_9_while_checkpointing_never_breaks_latest(train_yaml, tmp_path):
     cfg = load_config(tmp_path / "crash.yaml")
     rng = random.Random(0)
     seen = set()
-    for attempt in range(5):
+    for _ in range(5):
         proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), str(tmp_path / "crash.yaml"), "--resume",
                                  "auto"], env={**os.environ, "OMP_NUM_THREADS": "1"},
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

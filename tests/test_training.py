@@ -254,3 +254,14 @@ def test_wandb_offline_receives_the_run(train_yaml, tmp_path, monkeypatch):
         assert b"train_loss" in data and json.dumps(r["train_loss"]).encode() in data, r["step"]
     assert json.dumps(records[-1]["val_loss"]).encode() in data
     assert b"pytorch_layernorm" in data and b"seed-0" in data and b"demo" in data  # config and tags
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_trains(train_yaml, precision, tmp_path):
+    # autocast on the CPU; fp16 also runs the GradScaler with fused AdamW's device-side skip
+    summary = train(load_config(train_yaml(), [f"train.precision={precision}"]))
+    records = metrics(tmp_path / "run")
+    assert summary["status"] == "completed" and summary["nonfinite_steps"] == 0
+    assert records[-1]["train_loss"] < records[0]["train_loss"] - 1.0
+    scaler = ckpt_io.load_state(ckpt_io.find_checkpoint(tmp_path / "run"))["scaler"]
+    assert (scaler.get("scale", 0) > 0) == (precision == "fp16")  # the scaler's state is checkpointed

@@ -99,6 +99,10 @@ class StopFlag:
             signal.signal(sig, handler)
 
 
+def _belongs_to(ckpt: Path | None, run_dir: Path) -> bool:
+    return ckpt is not None and run_dir.resolve() in ckpt.resolve().parents
+
+
 def prepare_run_dir(cfg: Config, resume: str | None, overwrite: bool) -> Path | None:
     """The checkpoint to resume from (or None), after refusing anything that would lose a run."""
     run_dir = cfg.run_dir
@@ -106,7 +110,7 @@ def prepare_run_dir(cfg: Config, resume: str | None, overwrite: bool) -> Path | 
     if resume == "auto":
         return latest
     source = ckpt_io.find_checkpoint(resume) if resume is not None else None
-    if source is not None and run_dir.resolve() in source.resolve().parents:
+    if _belongs_to(source, run_dir):
         return source  # an earlier checkpoint of this very run
     holds_run = latest is not None or (run_dir / "metrics.jsonl").is_file()
     if holds_run and not overwrite:
@@ -179,7 +183,7 @@ def _train(cfg: Config, d: Dist, resume: str | None, overwrite: bool) -> dict:
         rngs = state["rng"]
         ckpt_io.set_rng_state(rngs[d.rank] if d.rank < len(rngs) else rngs[0])
     if d.is_main:
-        if overwrite and run_dir.exists() and not (resume_from and run_dir.resolve() in resume_from.resolve().parents):
+        if overwrite and run_dir.exists() and not _belongs_to(resume_from, run_dir):
             aside = _move_aside(run_dir)
             print(f"moved the earlier run to {aside}", file=sys.stderr)
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -154,6 +154,13 @@ def resolve_data_dir(path: str | None, hub_repo: str | None, revision: str | Non
         raise DataError(f"data.hub_repo {hub_repo}: cannot fetch: {str(e).splitlines()[0]}") from None
 
 
+def read_sequences(tokens: TokenFile, ids, seq_len: int, offset: int = 0) -> torch.Tensor:
+    """Sequences ``ids`` of ``seq_len + 1`` tokens starting every ``seq_len`` tokens from ``offset``:
+    an int64 tensor (len(ids), seq_len + 1), inputs and next-token targets together."""
+    rows = [tokens.read(offset + int(i) * seq_len, seq_len + 1) for i in ids]
+    return torch.from_numpy(np.stack(rows).astype(np.int64))
+
+
 def _coprime_multiplier(n: int, rng: np.random.Generator) -> int:
     while True:
         a = int(rng.integers(1, n)) if n > 1 else 1
@@ -203,15 +210,10 @@ class TrainBatches:
         positions = np.arange(first, first + per_rank, dtype=np.int64)
         return (self._a * positions + self._b) % max(self.n_sequences, 1)
 
-    def read_sequences(self, ids: np.ndarray) -> torch.Tensor:
-        T = self.seq_len
-        rows = [self.tokens.read(int(i) * T, T + 1) for i in ids]
-        return torch.from_numpy(np.stack(rows).astype(np.int64))  # (len(ids), T + 1)
-
     def batches(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         if not 0 <= step < self.steps_available:
             raise IndexError(f"step {step} outside the {self.steps_available} steps the split holds")
-        seq = self.read_sequences(self.sequence_ids(step))
+        seq = read_sequences(self.tokens, self.sequence_ids(step), self.seq_len)
         out = []
         for k in range(self.accum):
             chunk = seq[k * self.micro_batch:(k + 1) * self.micro_batch]

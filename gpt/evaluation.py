@@ -19,14 +19,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
 from gpt.checkpoint import CHECKPOINTS, INFO_FILE, MODEL_FILE, checkpoint_config, find_checkpoint, load_weights
 from gpt.config import Config
-from gpt.data import DataError, TokenFile, open_split, read_meta, resolve_data_dir
+from gpt.data import DataError, TokenFile, open_split, read_meta, read_sequences, resolve_data_dir
 from gpt.distributed import Dist
 from gpt.errors import UserError
 
@@ -55,8 +54,7 @@ def evaluate_loss(model: torch.nn.Module, tokens: TokenFile, offset: int, n_toke
     model.eval()
     for b in range(dist.rank, n_batches, dist.world_size):
         ids = range(b * batch_size, min((b + 1) * batch_size, n_seq))
-        rows = np.stack([tokens.read(offset + i * seq_len, seq_len + 1) for i in ids]).astype(np.int64)
-        batch = torch.from_numpy(rows).to(dist.device, non_blocking=True)
+        batch = read_sequences(tokens, ids, seq_len, offset).to(dist.device, non_blocking=True)
         with autocast():
             logits, _ = model(batch[:, :-1])
         losses = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten(), reduction="none")

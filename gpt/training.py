@@ -59,7 +59,7 @@ class Progress:
     last_val: float | None = None
 
 
-def make_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.optim.AdamW:
+def make_optimizer(model: torch.nn.Module, cfg: Config) -> torch.optim.AdamW:
     """Fused AdamW: it can skip an update on a device-side flag (``found_inf``), no sync needed.
 
     ``optim.decay_norms_and_biases: true`` (the write-up) decays every parameter; false
@@ -169,10 +169,11 @@ def _train(cfg: Config, d: Dist, resume: str | None, overwrite: bool) -> dict:
     total_steps = cfg.total_steps(n_params)
     reader.check_capacity(total_steps)
     model.to(d.device)
-    optimizer = make_optimizer(model, cfg, d.device)
+    optimizer = make_optimizer(model, cfg)
     scaler = torch.amp.GradScaler(d.device.type, enabled=t.precision == "fp16")
     progress = Progress()
     run_dir = cfg.run_dir
+    config_yaml = dump_config(cfg)  # written beside the run and into every checkpoint
     if resume_from is not None:
         ckpt_io.load_weights(model, resume_from)
         state = ckpt_io.load_state(resume_from)
@@ -188,7 +189,7 @@ def _train(cfg: Config, d: Dist, resume: str | None, overwrite: bool) -> dict:
             print(f"moved the earlier run to {aside}", file=sys.stderr)
         run_dir.mkdir(parents=True, exist_ok=True)
         ckpt_io.remove_stale_temporaries(run_dir)
-        (run_dir / "config.yaml").write_text(dump_config(cfg))
+        (run_dir / "config.yaml").write_text(config_yaml)
         truncate_metrics(run_dir, progress.step)  # steps past the checkpoint are logged again
     d.barrier()
 
@@ -199,7 +200,6 @@ def _train(cfg: Config, d: Dist, resume: str | None, overwrite: bool) -> dict:
         net = torch.compile(net)
     autocast = autocast_for(t.precision, d.device)
     metrics = Metrics(run_dir, cfg) if d.is_main else None
-    config_yaml = dump_config(cfg)
 
     def save(is_best: bool) -> None:
         rngs = d.gather_objects(ckpt_io.rng_state())
@@ -218,7 +218,7 @@ def _train(cfg: Config, d: Dist, resume: str | None, overwrite: bool) -> dict:
     # ---- the loop
     warmup = warmup_steps(total_steps, cfg.optim.warmup_frac)
     accum = reader.accum
-    params = [p for p in model.parameters()]
+    params = list(model.parameters())
     nonfinite_total = torch.tensor(progress.nonfinite_total, device=d.device)
     nonfinite_run = torch.tensor(progress.nonfinite_run, device=d.device)
     status, stop_reason = "completed", None

@@ -1,6 +1,7 @@
 """Checkpoints: atomic writes, ``latest`` / ``best`` pointers, retention, and loading.
 
-A run directory holds ``checkpoints/step-00000617/`` folders, each with
+A checkpoints folder (a run's ``checkpoints/``, see ``gpt.rundir``) holds
+``step-00000617/`` folders, each with
 
     model.safetensors   the weights (shared tensors stored once)
     state.pt            optimizer, grad scaler, data reader, counters, every rank's RNG states
@@ -28,7 +29,6 @@ from safetensors.torch import load_model, save_model
 from gpt.config import Config, ConfigError, ModelConfig, load_config
 from gpt.errors import UserError
 
-CHECKPOINTS = "checkpoints"
 MODEL_FILE, STATE_FILE, CONFIG_FILE, INFO_FILE = "model.safetensors", "state.pt", "config.yaml", "checkpoint.json"
 POINTERS = ("latest", "best")
 
@@ -63,10 +63,11 @@ def read_pointer(root: Path, pointer: str) -> Path | None:
     return root / path.read_text().strip()
 
 
-def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, state: dict, config_yaml: str,
+def save_checkpoint(root: Path, step: int, model: torch.nn.Module, *, state: dict, config_yaml: str,
                     info: dict, keep_last: int, is_best: bool) -> Path:
-    """Write checkpoint ``step`` atomically, move ``latest`` (and ``best``) to it, prune old ones."""
-    root = Path(run_dir) / CHECKPOINTS
+    """Write checkpoint ``step`` into the checkpoints folder ``root`` atomically, move ``latest``
+    (and ``best``) to it, and prune old ones: the last ``keep_last`` and the pointed-to stay."""
+    root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     name = checkpoint_name(step)
     tmp = root / f".tmp-{name}-{os.getpid()}"
@@ -103,32 +104,22 @@ def _prune(root: Path, keep_last: int) -> None:
             shutil.rmtree(root / name, ignore_errors=True)
 
 
-def remove_stale_temporaries(run_dir: Path) -> None:
-    """Folders a killed writer left behind (never pointed to; safe to delete)."""
-    root = Path(run_dir) / CHECKPOINTS
+def remove_stale_temporaries(root: Path) -> None:
+    """Folders a killed writer left in the checkpoints folder ``root`` (never pointed to; safe to delete)."""
+    root = Path(root)
     for p in root.glob(".tmp-*") if root.is_dir() else ():
         shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
 
-def find_checkpoint(path: str | Path, which: str = "latest") -> Path:
-    """A checkpoint folder from a run directory, its checkpoints folder, or the folder itself."""
-    path = Path(path)
-    if (path / MODEL_FILE).is_file():
-        return path
-    for root in (path / CHECKPOINTS, path):
-        target = read_pointer(root, which)
-        if target is not None:
-            if not (target / MODEL_FILE).is_file():
-                raise CheckpointError(f"{root / which} names {target.name}, which is missing or incomplete")
-            return target
-    if not path.exists():
-        raise CheckpointError(f"{path}: no such run or checkpoint")
-    raise CheckpointError(f"{path}: not a run directory or checkpoint (no {CHECKPOINTS}/{which}, no {MODEL_FILE})")
+def is_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is a checkpoint folder itself (it holds the weights)."""
+    return (Path(path) / MODEL_FILE).is_file()
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    root = Path(run_dir) / CHECKPOINTS
-    return find_checkpoint(run_dir) if (root / "latest").is_file() else None
+def read_info(ckpt: Path) -> dict:
+    """The checkpoint's ``checkpoint.json`` (step, tokens, losses, time), or {} if it has none."""
+    path = ckpt / INFO_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def checkpoint_config(ckpt: Path) -> Config:

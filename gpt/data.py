@@ -26,6 +26,7 @@ import json
 import math
 import os
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +87,27 @@ class TokenFile:
 
     def __del__(self):
         self.close()
+
+
+@dataclass(frozen=True)
+class TokenRange:
+    """Tokens ``[offset, offset + n_tokens)`` of one token file: what a validation or test loss covers.
+
+    The range is cut into sequences of ``seq_len + 1`` tokens (inputs and next-token
+    targets) that start every ``seq_len`` tokens.
+    """
+
+    tokens: TokenFile  # the split's token file
+    offset: int  # first token of the range
+    n_tokens: int  # tokens in the range
+
+    def n_sequences(self, seq_len: int) -> int:
+        """Whole sequences in the range (each needs ``seq_len + 1`` of its tokens)."""
+        return max(0, (self.n_tokens - 1) // seq_len)
+
+    def read(self, ids, seq_len: int) -> torch.Tensor:
+        """Sequences ``ids`` of the range, (len(ids), seq_len + 1) int64."""
+        return read_sequences(self.tokens, ids, seq_len, self.offset)
 
 
 def _safetensors_layout(path: Path) -> tuple[np.dtype, int, int]:

@@ -9,6 +9,8 @@ never waits for the GPU. Without torchrun everything is a one-process no-op.
 from __future__ import annotations
 
 import os
+import platform
+import resource
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -20,10 +22,12 @@ from gpt.errors import UserError
 
 @dataclass
 class Dist:
-    rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    """This process's place in the job, and the collectives the harness uses."""
+
+    rank: int = 0  # global rank, 0 .. world_size - 1; rank 0 alone writes files and prints
+    local_rank: int = 0  # rank on this node: the index of its GPU
+    world_size: int = 1  # processes in the job (1: no torchrun, no process group)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # where this rank computes
     control: object = None  # gloo group for CPU flags (None: one process)
 
     @property
@@ -61,9 +65,27 @@ class Dist:
         dist.all_gather_object(out, obj, group=self.control)
         return out
 
+    def to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """Copy a CPU batch to this rank's device; pinned on CUDA, so the copy does not wait for the GPU."""
+        if self.device.type == "cuda":
+            t = t.pin_memory()
+        return t.to(self.device, non_blocking=True)
+
     def close(self) -> None:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU's as the platform reports it."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak GPU memory allocated by this process, or its peak resident memory on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def pick_device(choice: str, local_rank: int = 0) -> torch.device:

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from gpt.config import ModelConfig
+from gpt.model import GPT
 
 # (our name, transformers' name, transpose?) for one block; i is the block index.
 _BLOCK_KEYS = [
@@ -104,8 +105,6 @@ def state_dict_to_hf(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
 def load_hf_gpt2(name_or_path: str, norm_type: str = "pytorch_layernorm"):
     """Build our GPT from a transformers GPT-2 checkpoint (a Hub name such as ``gpt2``, or a directory)."""
     from transformers import GPT2LMHeadModel  # a dev / reference dependency: import only when used
-
-    from gpt.model import GPT
 
     hf = GPT2LMHeadModel.from_pretrained(name_or_path)
     cfg = model_config_from_hf(hf.config, norm_type=norm_type)

@@ -15,28 +15,7 @@ import uuid
 from pathlib import Path
 
 from gpt.config import Config, config_to_dict
-
-METRICS_FILE = "metrics.jsonl"
-WANDB_ID_FILE = "wandb_id.txt"
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / METRICS_FILE
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def truncate_metrics(run_dir: Path, after_step: int) -> None:
-    """Drop records past ``after_step`` (a resumed run logs those steps again), atomically."""
-    path = Path(run_dir) / METRICS_FILE
-    if not path.is_file():
-        return
-    kept = [r for r in read_metrics(run_dir) if r["step"] <= after_step]
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-    os.replace(tmp, path)
-
+from gpt.rundir import RunDir
 
 def _clean(value):
     """JSON has no NaN / Infinity: write them as strings, so the file stays standard JSON."""
@@ -53,12 +32,13 @@ def _has_wandb_credentials() -> bool:
 
 
 class Metrics:
-    def __init__(self, run_dir: Path, cfg: Config):
-        self.path = Path(run_dir) / METRICS_FILE
-        self.file = open(self.path, "a")
-        self.wandb = self._start_wandb(run_dir, cfg) if cfg.log.wandb else None
+    """Rank 0's sink for metric records: appended to the run's metrics.jsonl, and sent to wandb."""
 
-    def _start_wandb(self, run_dir: Path, cfg: Config):
+    def __init__(self, run: RunDir, cfg: Config):
+        self.file = open(run.metrics_file, "a")
+        self.wandb = self._start_wandb(run, cfg) if cfg.log.wandb else None
+
+    def _start_wandb(self, run: RunDir, cfg: Config):
         try:
             import wandb
 
@@ -66,14 +46,14 @@ class Metrics:
             if not os.environ.get("WANDB_MODE") and not _has_wandb_credentials():
                 mode = "offline"
                 print("wandb: no credentials (WANDB_API_KEY or `wandb login`); logging offline "
-                      f"under {os.environ.get('WANDB_DIR', run_dir)}; `wandb sync` uploads it later", file=sys.stderr)
-            id_file = Path(run_dir) / WANDB_ID_FILE  # a resumed run continues the same wandb run
+                      f"under {os.environ.get('WANDB_DIR', run.path)}; `wandb sync` uploads it later", file=sys.stderr)
+            id_file = run.wandb_id_file  # a resumed run continues the same wandb run
             run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
             id_file.write_text(run_id + "\n")
             tags = [cfg.model.norm_type, f"seed-{cfg.train.seed}", *cfg.log.tags]
             return wandb.init(project=cfg.log.wandb_project, entity=cfg.log.wandb_entity, name=cfg.run.name,
                               id=run_id, resume="allow", tags=tags, config=config_to_dict(cfg), mode=mode,
-                              dir=os.environ.get("WANDB_DIR", str(run_dir)))
+                              dir=os.environ.get("WANDB_DIR", str(run.path)))
         except Exception as e:  # never let logging stop training
             print(f"wandb: disabled ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})", file=sys.stderr)
             return None

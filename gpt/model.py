@@ -20,6 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gpt.config import ModelConfig
+from gpt.loss import cross_entropy
 from gpt.norms import NORM_MODULES, make_norm
 
 
@@ -163,8 +164,5 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))  # (B, T, V)
-        loss = None
-        if targets is not None:
-            # float32 for the softmax even under autocast: the loss is what we compare
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        loss = cross_entropy(logits, targets) if targets is not None else None
         return logits, loss

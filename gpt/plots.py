@@ -9,9 +9,6 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-PLOTS = ("loss.png", "lr.png", "grad_norm.png")
-
-
 def _series(records: list[dict], key: str) -> tuple[list[float], list[float]]:
     xs, ys = [], []
     for r in records:

@@ -24,6 +24,15 @@ HUB_PRESETS = {
 }
 LOCAL_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 SHUFFLE_BUFFER = 10_000  # documents held by a streamed shuffle
+# (val, test) tokens held out when not asked for: a few plays of Shakespeare; for FineWeb-sized
+# sources the order of the author's 19.7M test tokens
+HELD_OUT_DEFAULTS = {"shakespeare": (75_000, 150_000)}
+HELD_OUT_DEFAULT = (10_000_000, 20_000_000)
+
+
+def default_held_out(spec: str) -> tuple[int, int]:
+    """(validation tokens, test tokens) held out of source ``spec`` unless asked otherwise."""
+    return HELD_OUT_DEFAULTS.get(spec, HELD_OUT_DEFAULT)
 
 
 class SourceError(UserError):
@@ -32,9 +41,11 @@ class SourceError(UserError):
 
 @dataclass
 class Source:
+    """Documents to prepare, and what to record of where they came from."""
+
     kind: str  # shakespeare | local | hub
     describe: dict[str, Any]  # recorded in meta.json
-    documents: Iterable[str] = field(repr=False)
+    documents: Iterable[str] = field(repr=False)  # the texts, in their seeded shuffled order
     n_documents: int | None = None  # known for in-memory sources
 
 

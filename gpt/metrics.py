@@ -17,6 +17,7 @@ from pathlib import Path
 from gpt.config import Config, config_to_dict
 from gpt.rundir import RunDir
 
+
 def _clean(value):
     """JSON has no NaN / Infinity: write them as strings, so the file stays standard JSON."""
     if isinstance(value, float) and not math.isfinite(value):

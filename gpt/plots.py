@@ -9,6 +9,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
+
 def _series(records: list[dict], key: str) -> tuple[list[float], list[float]]:
     xs, ys = [], []
     for r in records:

@@ -210,3 +210,33 @@ def test_config_from_dict_and_field_docs():
     for section in ("model:", "data:", "optim:", "train:", "run:", "log:", "hub:"):
         assert f"\n{section}" in "\n" + docs
     assert "norm_type: 'handrolled_layernorm'  # a string (one of: handrolled_layernorm," in docs
+
+
+def test_schedule_holes_and_infinite_numbers(base, tmp_path):
+    assert error(base, ["optim.schedule=wsd", "optim.warmup_frac=0.5", "optim.decay_frac=0.6"]) == (
+        "--set: optim.decay_frac: warmup_frac 0.5 + decay_frac 0.6 is more than the whole run: the decay would start "
+        "inside the warmup and the learning rate jump; keep their sum <= 1")
+    assert load_config(base, ["optim.schedule=wsd", "optim.warmup_frac=0.5", "optim.decay_frac=0.5"]).optim.schedule \
+        == "wsd"
+    assert error(base, ["optim.warmup_frac=1"]) == (
+        "--set: optim.warmup_frac: 1 leaves no steps after warmup, so the learning rate never decays; choose a "
+        "fraction below 1 (the write-up: 0.05)")
+    path = write(tmp_path, "inf.yaml", "extends: base.yaml\noptim: {lr: .inf}\n")
+    assert error(path) == f"{path}: optim.lr: inf is not a finite number"
+    assert error(base, ["optim.weight_decay=.nan"]) == "--set: optim.weight_decay: nan is not a finite number"
+    assert error(base, ["optim.grad_clip=-.inf"]) == "--set: optim.grad_clip: -inf is not a finite number"
+
+
+@pytest.mark.slow
+def test_every_norm_type_trains_the_same_steps_and_tokens():
+    from gpt.model import GPT
+
+    lengths = {}
+    for norm_type in NORM_TYPES:
+        cfg = load_config(CONFIGS / f"gpt2-small-{norm_type.replace('_', '-')}.yaml")
+        model = GPT(cfg.model)
+        steps = cfg.total_steps(model.num_params(norms=False))
+        lengths[norm_type] = (steps, steps * cfg.tokens_per_step)
+        assert model.num_params() - model.num_params(norms=False) == sum(
+            p.numel() for n, p in model.named_parameters() if n in model.norm_parameter_names())
+    assert set(lengths.values()) == {(33_157, 3_259_465_728)}, lengths  # 20 x 162,971,136 tokens, rounded up

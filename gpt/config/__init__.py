@@ -4,11 +4,11 @@
     cfg = load_config("configs/tiny.yaml", ["model.norm_type=pytorch_rmsnorm"])
 """
 
-from gpt.config.loader import (ConfigError, config_from_dict, config_to_dict, describe_fields, dump_config,
-                               load_config, parse_override)
-from gpt.config.schema import (Config, DataConfig, HubConfig, LogConfig, ModelConfig, OptimConfig, RunConfig,
-                               TrainConfig)
+from gpt.config.loader import (ConfigError, config_differences, config_from_dict, config_to_dict, describe_fields,
+                               dump_config, flatten, load_config, parse_override)
+from gpt.config.schema import (RESUMABLE, Config, DataConfig, HubConfig, LogConfig, ModelConfig, OptimConfig,
+                               RunConfig, TrainConfig)
 
 __all__ = ["Config", "ConfigError", "DataConfig", "HubConfig", "LogConfig", "ModelConfig", "OptimConfig",
-           "RunConfig", "TrainConfig", "config_from_dict", "config_to_dict", "describe_fields", "dump_config",
-           "load_config", "parse_override"]
+           "RESUMABLE", "RunConfig", "TrainConfig", "config_differences", "config_from_dict", "config_to_dict",
+           "describe_fields", "dump_config", "flatten", "load_config", "parse_override"]

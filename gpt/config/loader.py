@@ -180,6 +180,8 @@ def _check_range(value: Any, meta: dict) -> str | None:
     """What is wrong with ``value`` given the field's constraints, or None."""
     if value is None:
         return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{value!r} is not a finite number"
     if meta["choices"] is not None and value not in meta["choices"]:
         return f"{value!r} is not one of: {', '.join(meta['choices'])}"
     for op, ok, word in (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),
@@ -256,6 +258,23 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
 
 def config_to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
+
+
+def flatten(data: dict, prefix: str = "") -> dict:
+    """``{"model": {"norm_type": x}}`` -> ``{"model.norm_type": x}``."""
+    out = {}
+    for k, v in data.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_differences(old: Config, new: Config) -> list[tuple[str, Any, Any]]:
+    """(dotted key, old value, new value) of every field where the two configs differ."""
+    a, b = flatten(config_to_dict(old)), flatten(config_to_dict(new))
+    return [(k, a[k], b[k]) for k in a if a[k] != b[k]]
 
 
 def dump_config(cfg: Config) -> str:

@@ -20,6 +20,14 @@ from gpt.norms import NORM_TYPES
 from gpt.schedule import SCHEDULES
 
 
+# What a resumed run may change (prefixes of dotted keys): how the run is named, stored, logged,
+# fetched and executed, never what it computes. Any other difference from the checkpoint's
+# config is refused (gpt.checkpoint.check_same_experiment). data.path and friends name where
+# the tokens are; the reader's own state checks that they are the same tokens.
+RESUMABLE = ("run.", "log.", "hub.", "data.path", "data.hub_repo", "data.hub_revision",
+             "train.eval_every", "train.checkpoint_every", "train.keep_last", "train.compile")
+
+
 class _Required:
     def __repr__(self) -> str:
         return "REQUIRED"
@@ -121,6 +129,13 @@ class OptimConfig:
     def validate(self, fail) -> None:
         if self.min_lr > self.lr:
             fail("min_lr", f"{self.min_lr} is above optim.lr={self.lr}; the floor must be <= the peak")
+        if self.warmup_frac >= 1:
+            fail("warmup_frac", f"{self.warmup_frac:g} leaves no steps after warmup, so the learning rate never "
+                                "decays; choose a fraction below 1 (the write-up: 0.05)")
+        if self.schedule == "wsd" and self.warmup_frac + self.decay_frac > 1:
+            fail(("warmup_frac", "decay_frac"), f"warmup_frac {self.warmup_frac:g} + decay_frac {self.decay_frac:g} "
+                 "is more than the whole run: the decay would start inside the warmup and the learning rate jump; "
+                 "keep their sum <= 1")
 
 
 @dataclass
@@ -133,8 +148,9 @@ class TrainConfig:
                                  "(the write-up: 8 GPUs x 12)", ge=1)
     tokens: int | None = opt(None, "train for this many tokens (set one of tokens / steps / tokens_per_param)", ge=1)
     steps: int | None = opt(None, "train for this many optimizer steps", ge=1)
-    tokens_per_param: float | None = opt(None, "train for this many tokens per parameter "
-                                         "(20: Chinchilla-optimal)", gt=0)
+    tokens_per_param: float | None = opt(None, "train for this many tokens per parameter outside the norm "
+                                         "layers (20: Chinchilla-optimal); the same length for every norm type",
+                                         gt=0)
     precision: str = opt("fp32", "fp32, bf16 (autocast) or fp16 (autocast + grad scaling, the write-up)",
                          choices=PRECISIONS)
     compile: bool = opt(False, "wrap the model in torch.compile")
@@ -214,7 +230,9 @@ class Config:
 
     def total_steps(self, n_params: int) -> int:
         """Optimizer steps of the run: train.steps, or enough steps for train.tokens or
-        train.tokens_per_param x n_params tokens (rounded up)."""
+        train.tokens_per_param x n_params tokens (rounded up). ``n_params`` is the model's count
+        outside its norm layers (``GPT.num_params(norms=False)``), so that every norm type of
+        one config trains the same steps on the same tokens."""
         t = self.train
         if t.steps is not None:
             return t.steps

@@ -23,7 +23,6 @@ sequences in the same order, and no sequence is read twice.
 from __future__ import annotations
 
 import json
-import math
 import os
 import struct
 from dataclasses import dataclass
@@ -183,11 +182,47 @@ def read_sequences(tokens: TokenFile, ids, seq_len: int, offset: int = 0) -> tor
     return torch.from_numpy(np.stack(rows).astype(np.int64))
 
 
-def _coprime_multiplier(n: int, rng: np.random.Generator) -> int:
-    while True:
-        a = int(rng.integers(1, n)) if n > 1 else 1
-        if math.gcd(a, n) == 1:
-            return a
+def _mix(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a bijective scramble of 64-bit words (uint64 arithmetic wraps)."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+class FeistelPermutation:
+    """A seeded pseudo-random permutation of ``range(n)`` in O(1) memory.
+
+    A balanced Feistel network on the smallest even number of bits that holds ``n - 1``
+    (``ROUNDS`` rounds, round keys drawn from the seed, splitmix64 as the round function)
+    permutes that power-of-two range; cycle walking (apply it again while the result is
+    ``>= n``) restricts it to ``range(n)``. Unlike an affine map, nearby positions land in
+    unrelated places, so one batch is not the previous one shifted by a constant.
+    """
+
+    ROUNDS = 6
+
+    def __init__(self, n: int, seed: int):
+        self.n = n
+        self.half = max(1, (max(n - 1, 1).bit_length() + 1) // 2)  # bits in each half of a word
+        self.mask = np.uint64((1 << self.half) - 1)
+        rng = np.random.default_rng(seed)
+        self.keys = rng.integers(0, np.iinfo(np.uint64).max, size=self.ROUNDS, dtype=np.uint64, endpoint=True)
+
+    def _network(self, x: np.ndarray) -> np.ndarray:
+        half = np.uint64(self.half)
+        left, right = x >> half, x & self.mask
+        for key in self.keys:
+            left, right = right, left ^ (_mix(right ^ key) & self.mask)
+        return (left << half) | right
+
+    def __call__(self, positions: np.ndarray) -> np.ndarray:
+        """Where each position in ``range(n)`` goes (an int64 array of the same shape)."""
+        x = self._network(np.asarray(positions, dtype=np.uint64))
+        outside = x >= self.n
+        while outside.any():  # cycle walking: every cycle through range(n) comes back into it
+            x[outside] = self._network(x[outside])
+            outside = x >= self.n
+        return x.astype(np.int64)
 
 
 class TrainBatches:
@@ -210,10 +245,7 @@ class TrainBatches:
         self.seed, self.shuffle = seed, shuffle
         self.n_sequences = max(0, (len(tokens) - 1) // seq_len)
         self.steps_available = self.n_sequences // global_batch
-        rng = np.random.default_rng(seed)
-        # position p -> sequence (a * p + b) mod n: a seeded permutation in O(1) memory
-        n = max(self.n_sequences, 1)
-        self._a, self._b = (_coprime_multiplier(n, rng), int(rng.integers(0, n))) if shuffle else (1, 0)
+        self.order = FeistelPermutation(self.n_sequences, seed) if shuffle else None  # None: in file order
         self.step = 0  # the next global step to read
 
     def check_capacity(self, steps: int) -> None:
@@ -230,7 +262,7 @@ class TrainBatches:
         per_rank = self.global_batch // self.world_size
         first = step * self.global_batch + self.rank * per_rank
         positions = np.arange(first, first + per_rank, dtype=np.int64)
-        return (self._a * positions + self._b) % max(self.n_sequences, 1)
+        return self.order(positions) if self.order is not None else positions
 
     def batches(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         if not 0 <= step < self.steps_available:
@@ -253,11 +285,15 @@ class TrainBatches:
 
     def state_dict(self) -> dict:
         return {"step": self.step, "seed": self.seed, "shuffle": self.shuffle, "seq_len": self.seq_len,
-                "global_batch": self.global_batch, "n_sequences": self.n_sequences}
+                "global_batch": self.global_batch, "n_sequences": self.n_sequences, "order": self._order_name()}
+
+    def _order_name(self) -> str:
+        return f"feistel-{FeistelPermutation.ROUNDS}" if self.shuffle else "sequential"
 
     def load_state_dict(self, state: dict) -> None:
         mine = self.state_dict()
-        for key in ("seed", "shuffle", "seq_len", "global_batch", "n_sequences"):
+        state = {"order": "affine" if state["shuffle"] else "sequential", **state}  # before: an affine order
+        for key in ("seed", "shuffle", "seq_len", "global_batch", "n_sequences", "order"):
             if state[key] != mine[key]:
                 raise DataError(f"cannot resume the data reader: {key} was {state[key]!r}, "
                                 f"now {mine[key]!r}; resume with the same data and batch settings")

@@ -185,3 +185,36 @@ def test_memory_does_not_grow_with_the_data_set(tmp_path):
     grew_mb, steps = map(int, out.stdout.split())
     assert steps == 201
     assert grew_mb < 100, f"peak RSS grew by {grew_mb} MB"
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 65, 1249, 100_003])
+def test_feistel_permutation_visits_everything_once(n):
+    from gpt.data import FeistelPermutation
+
+    out = FeistelPermutation(n, seed=5)(np.arange(n))
+    assert np.array_equal(np.sort(out), np.arange(n))
+    assert np.array_equal(FeistelPermutation(n, seed=5)(np.arange(n)), out)  # a pure function of the seed
+    if n > 64:
+        assert not np.array_equal(FeistelPermutation(n, seed=6)(np.arange(n)), out)
+
+
+def test_consecutive_batches_are_not_shifted_copies(token_dir):
+    r = reader(token_dir, global_batch=16, micro_batch=16)
+    ids = [r.sequence_ids(s) for s in range(r.steps_available)]
+    seen = np.concatenate(ids)
+    assert len(seen) == len(set(seen.tolist())) == r.steps_available * 16  # every sequence at most once
+    for a, b in zip(ids, ids[1:]):
+        offsets = (b - a) % r.n_sequences  # an affine order gives one offset for the whole batch
+        assert len(set(offsets.tolist())) > 12
+    # and on any world size the ranks' slices make up the same global batch
+    ranks = [reader(token_dir, global_batch=16, micro_batch=4, rank=k, world_size=4) for k in range(4)]
+    for s in (0, 1, r.steps_available - 1):
+        assert np.array_equal(np.concatenate([q.sequence_ids(s) for q in ranks]), ids[s])
+
+
+def test_a_checkpoint_of_the_earlier_affine_order_is_not_resumed(token_dir):
+    state = reader(token_dir).state_dict()
+    assert state["order"] == "feistel-6"
+    del state["order"]  # what the earlier version wrote
+    with pytest.raises(DataError, match="cannot resume the data reader: order was 'affine', now 'feistel-6'"):
+        reader(token_dir).load_state_dict(state)

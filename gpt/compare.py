@@ -1,6 +1,6 @@
 """Compare runs across norm types and seeds: a table with intervals, and plots.
 
-    python scripts/compare.py runs/* [--baseline handrolled_layernorm] [--out comparison/]
+    python scripts/compare.py runs/* [--baseline handrolled_layernorm] [--out comparison/] [--equivalence-margin 0.01]
     python -m gpt.compare ...   /   gpt-compare ...
 
 Reads only run directories (config, metrics, summary, and the evaluation result that
@@ -29,12 +29,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", default="test", help="evaluated split (default test)")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
                         help="evaluation precision (default fp32)")
+    parser.add_argument("--equivalence-margin", type=float, metavar="DELTA",
+                        help="also test whether each group is equivalent to the baseline within +-DELTA "
+                             "(two one-sided t tests on the paired differences)")
     args = parser.parse_args(argv)
 
     from gpt.comparison import compare, markdown
 
     result = compare(args.runs, args.out, args.baseline, which=args.which, split=args.split,
-                     precision=args.precision)
+                     precision=args.precision, equivalence_margin=args.equivalence_margin)
     print(markdown(result), end="")
     print(f"\nwrote {args.out / 'comparison.md'}, comparison.json and plots: "
           + ", ".join(Path(p).name for p in result["plots"]))

@@ -2,11 +2,17 @@
 
 Runs are grouped by every config value that differs between them, except what names or
 seeds a run (``run.*``, ``train.seed``, ``model.init_seed``, ``log.*``, ``hub.*``):
-normally that leaves the norm type. Within a group the seeds are the repeats. Each group
-gets the mean and standard deviation of its test loss and its difference to a baseline
-group with a 95% interval: **paired by seed** when both groups have the same seeds (the
-same seed gives the same initial weights for everything but the norm, so the paired
-difference removes most of the initialisation noise), otherwise Welch's unpaired interval.
+normally that leaves the norm type. Within a group the seeds are the repeats; a run's
+seed is the pair (initial-weights seed, data-order seed), shown as one number when the
+two are equal. Statistics use completed, evaluated runs only (whatever ``--which``
+chooses); every other run is listed with the reason it was left out.
+
+Each group gets the mean and standard deviation of its test loss and its difference to
+a baseline group with a 95% interval: **paired by seed** on the seeds both groups share
+(the same seed gives the same initial weights for everything but the norm, so the
+paired difference removes most of the initialisation noise), otherwise Welch's unpaired
+interval. From the paired differences come the seeds-needed numbers and, with an
+equivalence margin, a TOST verdict (``gpt.stats``).
 
 Only run directories are read (through ``gpt.rundir``): the config, metrics, summary
 and the evaluation result of the chosen checkpoint.
@@ -20,8 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
 
+from gpt import stats
+from gpt.config import flatten
 from gpt.errors import UserError
 from gpt.rundir import COMPLETED, DIVERGED, RunDir, read_eval_result
 
@@ -40,8 +47,23 @@ class Run:
     evaluation: dict | None  # the evaluation result of the chosen checkpoint; None: not evaluated
 
     @property
-    def seed(self) -> int:
-        return self.config["train.seed"]
+    def seed(self) -> str:
+        """``"3"`` when the initial weights and the data order share seed 3, else ``"init/data"``."""
+        data = self.config["train.seed"]
+        init = self.config.get("model.init_seed")
+        return str(data) if init is None or init == data else f"{init}/{data}"
+
+    @property
+    def usable(self) -> bool:
+        """Whether its test loss enters the statistics: completed and evaluated."""
+        return self.status == COMPLETED and self.evaluation is not None
+
+    def left_out_because(self) -> str:
+        if self.status == DIVERGED:
+            return f"diverged at step {self.summary.get('diverged_at_step')}"
+        if self.status != COMPLETED:
+            return self.status
+        return "not evaluated"
 
 
 @dataclass
@@ -52,18 +74,9 @@ class Group:
     values: dict  # the config values that define the group
     runs: list[Run] = field(default_factory=list)  # one per seed
 
-    def losses_by_seed(self) -> dict[int, float]:
-        return {r.seed: r.evaluation["loss"] for r in self.runs if r.evaluation is not None}
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
+    def losses_by_seed(self) -> dict[str, float]:
+        """Test loss by seed, of the runs that enter the statistics."""
+        return {r.seed: r.evaluation["loss"] for r in self.runs if r.usable}
 
 
 def load_run(path: Path, which: str = "final", split: str = "test", precision: str = "fp32") -> Run:
@@ -77,7 +90,7 @@ def load_run(path: Path, which: str = "final", split: str = "test", precision: s
     except UserError:
         ckpt = None
     evaluation = read_eval_result(ckpt, split, precision) if ckpt is not None else None
-    return Run(path, _flatten(run.read_config()), run.status(), run.summary() or {}, run.metrics(), evaluation)
+    return Run(path, flatten(run.read_config()), run.status(), run.summary() or {}, run.metrics(), evaluation)
 
 
 def group_runs(runs: list[Run]) -> list[Group]:
@@ -100,74 +113,89 @@ def group_runs(runs: list[Run]) -> list[Group]:
     return list(groups.values())
 
 
+def _refuse_mixed(what: str, by_key: dict, describe, fix: str) -> None:
+    if len(by_key) > 1:
+        described = "; ".join(f"{describe(k)} ({', '.join(r.path.name for r in v)})" for k, v in by_key.items())
+        raise UserError(f"these runs {what}, so their losses are not comparable: {described}; {fix}")
+
+
 def check_comparable(runs: list[Run]) -> None:
-    """Refuse to compare test losses measured on different tokens or tokenizations."""
-    keys = {}
+    """Refuse test losses measured on different tokens or tokenizations, and runs that planned
+    different training lengths (steps, or tokens per step)."""
+    ranges, budgets = {}, {}
     for r in runs:
         if r.evaluation is not None:
             e = r.evaluation
-            keys.setdefault((e["split"], e["offset"], e["n_tokens"], e["tokenizer"], e["data_dir"]), []).append(r)
-    if len(keys) > 1:
-        described = "; ".join(f"{k[0]} [{k[1]:,}, {k[1] + k[2]:,}) tokenizer {k[3]} in {k[4]} "
-                              f"({', '.join(r.path.name for r in v)})" for k, v in keys.items())
-        raise UserError(f"these runs were evaluated on different test tokens, so their losses are not "
-                        f"comparable: {described}; re-evaluate them on one range")
+            ranges.setdefault((e["split"], e["offset"], e["n_tokens"], e["tokenizer"], e["data_dir"]), []).append(r)
+        if r.summary.get("total_steps") is not None:
+            per_step = r.config["train.global_batch_size"] * r.config["model.context_length"]
+            budgets.setdefault((r.summary["total_steps"], r.summary["total_steps"] * per_step), []).append(r)
+    _refuse_mixed("were evaluated on different test tokens", ranges,
+                  lambda k: f"{k[0]} [{k[1]:,}, {k[1] + k[2]:,}) tokenizer {k[3]} in {k[4]}",
+                  "re-evaluate them on one range")
+    _refuse_mixed("trained for different lengths", budgets, lambda k: f"{k[0]:,} steps = {k[1]:,} tokens",
+                  "train every run for the same train.steps or train.tokens (train.tokens_per_param counts the "
+                  "parameters outside the norm layers, the same for every norm type)")
 
 
-def mean_interval(xs: list[float], level: float = 0.95) -> tuple[float, float, float]:
-    """(mean, sample standard deviation, half-width of the t interval); nan where n < 2."""
-    n = len(xs)
-    if n == 0:
-        return math.nan, math.nan, math.nan
-    mean = float(np.mean(xs))
-    if n < 2:
-        return mean, math.nan, math.nan
-    sd = float(np.std(xs, ddof=1))
-    return mean, sd, float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
-
-
-def difference(group: Group, baseline: Group, level: float = 0.95) -> dict:
-    """group - baseline test loss: paired by seed when the seeds match, else Welch."""
+def difference(group: Group, baseline: Group) -> dict:
+    """group - baseline test loss. Paired on the seeds both share when there are at least two (or when no
+    unpaired interval is possible anyway); otherwise Welch's unpaired interval over all their runs."""
     a, b = group.losses_by_seed(), baseline.losses_by_seed()
     if not a or not b:
-        return {"method": None, "diff": math.nan, "low": math.nan, "high": math.nan, "n": 0}
-    if set(a) == set(b):
-        diffs = [a[s] - b[s] for s in sorted(a)]
-        mean, _, half = mean_interval(diffs, level)
-        return {"method": "paired", "diff": mean, "low": mean - half, "high": mean + half, "n": len(diffs)}
-    xa, xb = list(a.values()), list(b.values())
-    diff = float(np.mean(xa) - np.mean(xb))
-    if len(xa) < 2 or len(xb) < 2:
-        return {"method": "welch", "diff": diff, "low": math.nan, "high": math.nan, "n": min(len(xa), len(xb))}
-    va, vb = np.var(xa, ddof=1) / len(xa), np.var(xb, ddof=1) / len(xb)
-    se = math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va**2 / (len(xa) - 1) + vb**2 / (len(xb) - 1)) if se > 0 else 1.0
-    half = float(stats.t.ppf(0.5 + level / 2, df)) * se
-    return {"method": "welch", "diff": diff, "low": diff - half, "high": diff + half, "n": min(len(xa), len(xb))}
+        return {"method": None, "diff": math.nan, "low": math.nan, "high": math.nan, "n": 0, "sd": math.nan,
+                "unpaired": []}
+    shared = sorted(set(a) & set(b))
+    unpaired = sorted(set(a) ^ set(b))
+    if len(shared) >= 2 or (shared and min(len(a), len(b)) < 2):
+        return {**stats.paired([a[s] - b[s] for s in shared]), "unpaired": unpaired}
+    return {**stats.welch(list(a.values()), list(b.values())), "unpaired": unpaired}
 
 
-def summarise(groups: list[Group], baseline_label: str) -> dict:
+def noise(versus: dict, diffs: list[float], margin: float | None) -> dict:
+    """What the paired differences say about seeds: the smallest difference the current pairs resolve,
+    the pairs needed to resolve the observed one, and (with a margin) equivalence."""
+    if versus["method"] != "paired" or versus["n"] < 2:
+        return {"resolvable_diff": math.nan, "seeds_needed": None, "equivalence": None}
+    return {"resolvable_diff": stats.resolvable_difference(versus["sd"], versus["n"]),
+            "seeds_needed": stats.seeds_needed(versus["diff"], versus["sd"]),
+            "equivalence": stats.equivalence(diffs, margin) if margin is not None else None}
+
+
+def _versus(g: Group, baseline: Group, margin: float | None) -> dict | None:
+    if g is baseline:
+        return None
+    v = difference(g, baseline)
+    a, b = g.losses_by_seed(), baseline.losses_by_seed()
+    diffs = [a[s] - b[s] for s in sorted(set(a) & set(b))]
+    return {**v, **noise(v, diffs, margin)}
+
+
+def summarise(groups: list[Group], baseline_label: str, margin: float | None = None) -> dict:
     baseline = next(g for g in groups if g.label == baseline_label)
     rows = []
     for g in groups:
-        losses = [r.evaluation["loss"] for r in g.runs if r.evaluation is not None]
-        mean, sd, half = mean_interval(losses)
+        losses = list(g.losses_by_seed().values())
+        mean, sd, half = stats.mean_interval(losses)
         finished = [r for r in g.runs if r.summary]
         rows.append({
-            "group": g.label, "values": g.values, "seeds": sorted(r.seed for r in g.runs),
+            "group": g.label, "values": g.values, "seeds": [r.seed for r in g.runs],
             "n_evaluated": len(losses), "test_loss_mean": mean, "test_loss_std": sd,
             "test_loss_ci95": [mean - half, mean + half],
-            "vs_baseline": difference(g, baseline) if g is not baseline else None,
+            "vs_baseline": _versus(g, baseline, margin),
             "tokens_per_s_mean": _mean([r.summary.get("tokens_per_s") for r in finished]),
             "wall_seconds_mean": _mean([r.summary.get("wall_seconds") for r in finished]),
             "status": {s: sum(r.status == s for r in g.runs) for s in sorted({r.status for r in g.runs})},
             "diverged_at": [r.summary.get("diverged_at_step") for r in g.runs if r.status == DIVERGED],
             "missing_evaluation": [str(r.path) for r in g.runs if r.evaluation is None and r.status == COMPLETED],
+            "left_out": [{"path": str(r.path), "seed": r.seed, "reason": r.left_out_because()}
+                         for r in g.runs if not r.usable],
             "runs": [{"path": str(r.path), "seed": r.seed, "status": r.status,
                       "test_loss": r.evaluation["loss"] if r.evaluation else None} for r in g.runs],
         })
     test = next((r.evaluation for g in groups for r in g.runs if r.evaluation), None)
-    return {"baseline": baseline_label, "groups": rows,
+    return {"baseline": baseline_label, "equivalence_margin": margin, "level": stats.LEVEL, "power": stats.POWER,
+            "groups": rows,
             "test_range": None if test is None else {k: test[k] for k in ("data_dir", "split", "offset", "n_tokens",
                                                                           "tokenizer", "precision")}}
 
@@ -181,36 +209,110 @@ def _fmt(x, spec=".4f"):
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
+def _loss(x, sign: str = "") -> str:
+    """A loss difference: 6 decimals, or 3 significant digits when that would show only zeros."""
+    small = isinstance(x, float) and x != 0 and abs(x) < 5e-7
+    return _fmt(x, f"{sign}.2e" if small else f"{sign}.6f")
+
+
+def json_safe(value):
+    """``value`` with every NaN or infinity replaced by None, so that it is standard JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
 def markdown(result: dict) -> str:
     lines = [f"# Comparison (baseline: {result['baseline']})", ""]
     if result["test_range"]:
         t = result["test_range"]
         lines += [f"Test loss: mean cross-entropy over {t['split']} tokens [{t['offset']:,}, "
                   f"{t['offset'] + t['n_tokens']:,}) of {t['data_dir']} ({t['tokenizer']}), {t['precision']}.", ""]
-    lines += ["| group | seeds | test loss mean | std | vs baseline (95% CI) | tokens/s | wall s | status |",
-              "|---|---|---|---|---|---|---|---|"]
-    for g in result["groups"]:
+    lines += _main_table(result["groups"])
+    lines += ["", "Intervals: t distribution; 'paired' pairs runs by seed (same initial weights outside the norm), "
+              "'welch' is unpaired. n/a: fewer than two seeds. Statistics use completed, evaluated runs only."]
+    lines += _noise_table(result)
+    left_out = [(g["group"], x) for g in result["groups"] for x in g["left_out"]]
+    if left_out:
+        lines += ["", "Left out of the statistics:"]
+        lines += [f"- {group}, seed {x['seed']} ({x['path']}): {x['reason']}" for group, x in left_out]
+    missing = [p for g in result["groups"] for p in g["missing_evaluation"]]
+    if missing:
+        lines += ["", "Not evaluated (run `python evaluate.py` on them): " + ", ".join(missing)]
+    return "\n".join(lines) + "\n"
+
+
+def _main_table(rows: list[dict]) -> list[str]:
+    lines = ["| group | seeds | test loss mean | std | vs baseline (95% CI) | tokens/s | wall s | status |",
+             "|---|---|---|---|---|---|---|---|"]
+    for g in rows:
         v = g["vs_baseline"]
         if v is None:
             versus = "baseline"
         elif v["method"] is None:
             versus = "n/a"
         else:
-            versus = f"{v['diff']:+.6f} [{_fmt(v['low'], '+.6f')}, {_fmt(v['high'], '+.6f')}] {v['method']}"
+            pairs = f", {v['n']} pair{'s' if v['n'] != 1 else ''}" if v["method"] == "paired" else ""
+            versus = f"{_loss(v['diff'], '+')} [{_loss(v['low'], '+')}, {_loss(v['high'], '+')}] {v['method']}{pairs}"
         status = ", ".join(f"{n} {s}" for s, n in g["status"].items())
         if g["diverged_at"]:
             status += f" (diverged at step {', '.join(str(s) for s in g['diverged_at'])})"
         if g["missing_evaluation"]:
             status += f"; {len(g['missing_evaluation'])} not evaluated"
-        lines.append(f"| {g['group']} | {len(g['seeds'])} ({', '.join(map(str, g['seeds']))}) | "
+        lines.append(f"| {g['group']} | {len(g['seeds'])} ({', '.join(g['seeds'])}) | "
                      f"{_fmt(g['test_loss_mean'], '.6f')} | {_fmt(g['test_loss_std'], '.6f')} | {versus} | "
                      f"{_fmt(g['tokens_per_s_mean'], ',.0f')} | {_fmt(g['wall_seconds_mean'], ',.0f')} | {status} |")
-    missing = [p for g in result["groups"] for p in g["missing_evaluation"]]
-    lines += ["", "Intervals: t distribution; 'paired' pairs runs by seed (same initial weights outside the norm), "
-              "'welch' is unpaired. n/a: fewer than two seeds."]
-    if missing:
-        lines += ["", "Not evaluated (run `python evaluate.py` on them): " + ", ".join(missing)]
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _noise_table(result: dict) -> list[str]:
+    margin = result["equivalence_margin"]
+    level, power = round(result["level"] * 100), round(result["power"] * 100)
+    verdict_head = f"equivalent within +-{margin:g} (TOST p)" if margin is not None else "equivalent"
+    lines = ["", f"## Noise and seeds needed (paired differences vs {result['baseline']})", "",
+             f"| group | pairs | sd of paired diff | smallest resolvable diff | seeds to resolve observed diff "
+             f"| {verdict_head} |", "|---|---|---|---|---|---|"]
+    for g in result["groups"]:
+        v = g["vs_baseline"]
+        if v is None:
+            continue
+        pairs = str(v["n"]) if v["method"] == "paired" else f"0 ({v['method'] or 'no runs'})"
+        if v["unpaired"]:
+            pairs += f"; unpaired seeds: {', '.join(v['unpaired'])}"
+        lines.append(f"| {g['group']} | {pairs} | {_loss(v['sd'])} | {_loss(v['resolvable_diff'])} | "
+                     f"{_seeds_needed_text(v)} | {_equivalence_text(v, margin)} |")
+    lines += ["", "- pairs: seeds that both this group and the baseline completed and evaluated; "
+              "each gives one difference d = loss - baseline loss.",
+              "- sd of paired diff: the sample standard deviation of those differences (the seed-to-seed noise "
+              "that pairing leaves).",
+              f"- smallest resolvable diff: the true difference these pairs detect at {level}% confidence with "
+              f"{power}% power: (t(0.975, n-1) + t(0.80, n-1)) * sd / sqrt(n).",
+              f"- seeds to resolve observed diff: the fewest pairs whose smallest resolvable difference (same "
+              f"{level}% / {power}%, the current sd taken as the truth) is at most the observed mean difference.",
+              "- equivalent within +-margin (--equivalence-margin): two one-sided t tests at 5% each, i.e. the "
+              "90% interval lies inside +-margin; 'not shown' means a difference of the margin is not ruled out."]
+    return lines
+
+
+def _seeds_needed_text(v: dict) -> str:
+    if v["method"] != "paired" or v["n"] < 2:
+        return "n/a (needs 2 pairs)"
+    if not v["diff"]:
+        return "n/a (no difference)"
+    return str(v["seeds_needed"]) if v["seeds_needed"] is not None else f"> {stats.MAX_SEEDS:,}"
+
+
+def _equivalence_text(v: dict, margin: float | None) -> str:
+    if margin is None:
+        return "give --equivalence-margin"
+    eq = v["equivalence"]
+    if eq is None or eq["equivalent"] is None:
+        return "n/a (needs 2 pairs)"
+    return f"{'yes' if eq['equivalent'] else 'not shown'} (p = {eq['p']:.3g})"
 
 
 CURVES = (("train_loss", "training loss", "train_loss.png", False),  # (key, label, file, log scale)
@@ -280,8 +382,10 @@ def _plot_test_loss(plt, colours, rows: list[dict], path: Path) -> Path:
 
 
 def compare(paths: list[Path], out: Path, baseline: str | None = None, *, which: str = "final",
-            split: str = "test", precision: str = "fp32") -> dict:
+            split: str = "test", precision: str = "fp32", equivalence_margin: float | None = None) -> dict:
     """Write comparison.md, comparison.json and the plots into ``out``; return the result."""
+    if equivalence_margin is not None and not equivalence_margin > 0:
+        raise UserError(f"--equivalence-margin {equivalence_margin} must be > 0 (a loss difference, e.g. 0.01)")
     runs = [load_run(p, which, split, precision) for p in paths]
     if not runs:
         raise UserError("no runs to compare")
@@ -292,10 +396,11 @@ def compare(paths: list[Path], out: Path, baseline: str | None = None, *, which:
         baseline = "handrolled_layernorm" if "handrolled_layernorm" in labels else labels[0]
     if baseline not in labels:
         raise UserError(f"--baseline {baseline!r} is not a group; groups: {', '.join(labels)}")
-    result = summarise(groups, baseline)
+    result = summarise(groups, baseline, equivalence_margin)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "comparison.md").write_text(markdown(result))
-    (out / "comparison.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    text = json.dumps(json_safe(result), indent=2, default=str, allow_nan=False)  # NaN -> null: standard JSON
+    (out / "comparison.json").write_text(text + "\n")
     result["plots"] = [str(p) for p in plot(groups, result, out)]
     return result

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_model, save_model
 
-from gpt.config import Config, ConfigError, ModelConfig, load_config
+from gpt.config import RESUMABLE, Config, ConfigError, config_differences, load_config
 from gpt.errors import UserError
 
 MODEL_FILE, STATE_FILE, CONFIG_FILE, INFO_FILE = "model.safetensors", "state.pt", "config.yaml", "checkpoint.json"
@@ -132,12 +132,18 @@ def checkpoint_config(ckpt: Path) -> Config:
         raise CheckpointError(f"{ckpt}: its config no longer loads: {e}") from None
 
 
-def check_same_model(saved: ModelConfig, wanted: ModelConfig, ckpt: Path) -> None:
-    """Refuse to load weights into a model of another shape, naming the fields that differ."""
-    diffs = [f"model.{k}: checkpoint {v!r}, config {getattr(wanted, k)!r}"
-             for k, v in vars(saved).items() if getattr(wanted, k) != v and k != "init_seed"]
-    if diffs:
-        raise CheckpointError(f"{ckpt} holds a different model; " + "; ".join(diffs))
+def check_same_experiment(saved: Config, wanted: Config, source: Path) -> None:
+    """Refuse to continue ``saved`` (a checkpoint's or a run's config) under ``wanted`` if they differ
+    anywhere outside ``RESUMABLE``, naming each differing key with both values."""
+    diffs = [(k, old, new) for k, old, new in config_differences(saved, wanted) if not k.startswith(RESUMABLE)]
+    if not diffs:
+        return
+    listed = "; ".join(f"{k}: checkpoint {old!r}, config {new!r}" for k, old, new in diffs)
+    if any(k.startswith("model.") for k, _, _ in diffs):
+        raise CheckpointError(f"{source} holds a different model; {listed}")
+    allowed = ", ".join(p + "*" if p.endswith(".") else p for p in RESUMABLE)
+    raise CheckpointError(f"{source} was trained with a different config; {listed}; a resumed run may change "
+                          f"only {allowed}: resume with the checkpoint's values, or start a new run")
 
 
 def load_weights(model: torch.nn.Module, ckpt: Path) -> None:

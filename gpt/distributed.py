@@ -65,6 +65,11 @@ class Dist:
         dist.all_gather_object(out, obj, group=self.control)
         return out
 
+    def synchronize(self) -> None:
+        """Wait for the work queued on this rank's GPU (nothing to wait for on the CPU)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def to_device(self, t: torch.Tensor) -> torch.Tensor:
         """Copy a CPU batch to this rank's device; pinned on CUDA, so the copy does not wait for the GPU."""
         if self.device.type == "cuda":

@@ -150,9 +150,11 @@ class GPT(nn.Module):
 
     # --------------------------------------------------------------- forward
 
-    def num_params(self) -> int:
-        """Parameter count, a tied weight counted once."""
-        return sum(p.numel() for p in self.parameters())
+    def num_params(self, norms: bool = True) -> int:
+        """Parameter count, a tied weight counted once. ``norms=False`` leaves out the norm layers:
+        the count that sets a run's length (``train.tokens_per_param``), the same for every norm type."""
+        skip = set() if norms else self.norm_parameter_names()
+        return sum(p.numel() for name, p in self.named_parameters() if name not in skip)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         """idx (B, T) token ids -> logits (B, T, V), and the mean cross-entropy if targets (B, T)."""

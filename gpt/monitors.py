@@ -1,12 +1,14 @@
-"""What the training loop keeps an eye on: throughput, divergence, and stop signals.
+"""What the training loop keeps an eye on: throughput, divergence, the train loss, stop signals.
 
 Each is a small object the loop asks one question of: how fast (``Throughput``), has
-the run diverged (``Divergence``), has someone asked us to stop (``StopFlag``).
+the run diverged (``Divergence``), what was the loss since the last log (``LossWindow``),
+has someone asked us to stop (``StopFlag``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import signal
 import time
 from dataclasses import dataclass
@@ -53,7 +55,11 @@ class Throughput:
         return time.perf_counter() - self.start
 
     @contextlib.contextmanager
-    def paused(self):
+    def paused(self, wait_for_device=None):
+        """Time inside is not training time. ``wait_for_device`` (called first) lets the step still
+        running on the device finish, so that its time counts as training."""
+        if wait_for_device is not None:
+            wait_for_device()
         began = time.perf_counter()
         try:
             yield
@@ -79,29 +85,58 @@ class Throughput:
 
 class Divergence:
     """Counts steps whose update was skipped for a non-finite gradient, on the device (no waiting),
-    and says, when asked on a log step, whether the run has diverged."""
+    and says, whenever the loop reads the counters (log steps, checkpoints), whether the run has
+    diverged, also when the streak that crossed the threshold ended between two reads."""
 
-    def __init__(self, device: torch.device, *, total: int, consecutive: int, max_nonfinite: int,
+    def __init__(self, device: torch.device, *, step: int, total: int, consecutive: int, max_nonfinite: int,
                  loss_ceiling: float | None, warmup: int):
+        self.step = torch.tensor(step, device=device)  # steps done, counted on the device
         self.total = torch.tensor(total, device=device)  # skipped steps in the whole run
         self.consecutive = torch.tensor(consecutive, device=device)  # skipped steps in a row, up to now
+        self.crossed_at = torch.tensor(-1, device=device)  # the step a streak first reached max_nonfinite
         self.max_nonfinite, self.loss_ceiling, self.warmup = max_nonfinite, loss_ceiling, warmup
 
     def record(self, skipped: torch.Tensor) -> None:
+        self.step += 1
         self.total += skipped
         self.consecutive = (self.consecutive + 1) * skipped
+        crossed = (self.crossed_at < 0) & (self.consecutive >= self.max_nonfinite)
+        self.crossed_at = torch.where(crossed, self.step, self.crossed_at)
 
-    def counts(self) -> tuple[int, int]:
-        """(total, consecutive): reading them waits for the device."""
-        return int(self.total), int(self.consecutive)
+    def counts(self) -> tuple[int, int, int | None]:
+        """(total, consecutive, the step a streak crossed the threshold or None): reading waits for the device."""
+        crossed_at = int(self.crossed_at)
+        return int(self.total), int(self.consecutive), (crossed_at if crossed_at >= 0 else None)
 
-    def reason(self, step: int, consecutive: int, train_loss: float) -> str | None:
-        """Why the run counts as diverged after ``step``, or None."""
-        if consecutive >= self.max_nonfinite:
-            return f"{consecutive} consecutive steps with a non-finite loss or gradient"
-        if self.loss_ceiling is not None and step > self.warmup and not train_loss <= self.loss_ceiling:
-            return f"train loss {train_loss:.4g} above train.loss_ceiling {self.loss_ceiling:g}"
+    def reason(self, crossed_at: int | None, step: int, train_loss: float | None) -> tuple[str, int] | None:
+        """(why, at which step) the run counts as diverged, or None. ``train_loss`` (a log step's) is
+        checked against the ceiling after warmup."""
+        if crossed_at is not None:
+            return f"{self.max_nonfinite} consecutive steps with a non-finite loss or gradient", crossed_at
+        if (train_loss is not None and self.loss_ceiling is not None and step > self.warmup
+                and not train_loss <= self.loss_ceiling):
+            return f"train loss {train_loss:.4g} above train.loss_ceiling {self.loss_ceiling:g}", step
         return None
+
+
+class LossWindow:
+    """The train loss over the steps since the last log: the mean of the finite (rank, step) losses,
+    summed on the device and read at log steps. A non-finite step is left out here and counted by
+    ``Divergence``."""
+
+    def __init__(self, device: torch.device):
+        self.sums = torch.zeros(2, device=device)  # [sum of finite losses, how many micro-batch means]
+
+    def add(self, loss_sum: torch.Tensor, n_micro: int) -> None:
+        """One step's sum of ``n_micro`` micro-batch mean losses on this rank."""
+        finite = torch.isfinite(loss_sum)
+        self.sums += torch.stack([torch.where(finite, loss_sum, 0.0), finite * float(n_micro)])
+
+    def take(self, all_sum) -> float:
+        """The window's mean over every rank (``all_sum`` adds across ranks), then start a new window."""
+        total, count = all_sum(self.sums).tolist()
+        self.sums.zero_()
+        return total / count if count else math.nan
 
 
 class StopFlag:

@@ -104,6 +104,10 @@ class RunDir:
             which = "latest"
         return find_checkpoint(self.path, which)
 
+    def holds_run(self) -> bool:
+        """Whether a run has trained here: it logged metrics or wrote a checkpoint."""
+        return self.metrics_file.is_file() or read_pointer(self.checkpoints, "latest") is not None
+
     def owns(self, ckpt: Path | None) -> bool:
         """Whether ``ckpt`` is one of this run's own checkpoints."""
         return ckpt is not None and self.path.resolve() in Path(ckpt).resolve().parents
@@ -122,22 +126,24 @@ class RunDir:
         source = find_checkpoint(resume) if resume is not None else None
         if self.owns(source):
             return source  # an earlier checkpoint of this very run
-        if (latest is not None or self.metrics_file.is_file()) and not overwrite:
+        if self.holds_run() and not overwrite:
             what = f"checkpoints up to {latest.name}" if latest else "metrics of an earlier run"
             raise UserError(f"{self.path} already holds a run ({what}); pass --resume auto to continue it, "
                             f"--overwrite to start over (the old run is moved aside), or set run.name / run.dir")
         return source
 
-    def start(self, config_yaml: str, step: int, move_aside: bool) -> Path | None:
+    def start(self, config_yaml: str, step: int, move_aside: bool, keep_config: bool) -> Path | None:
         """Set the folder up for a run continuing after ``step`` (rank 0 only); returns where an
-        earlier run was moved to, if ``move_aside`` and there was one."""
+        earlier run was moved to, if ``move_aside`` and there was one. ``keep_config``: the run
+        continues, and its config.yaml, if it has one, stays as the run began."""
         aside = None
         if move_aside and self.path.exists():
             aside = self.path.with_name(f"{self.path.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
             self.path.rename(aside)
         self.path.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(self.checkpoints)
-        self.config_file.write_text(config_yaml)
+        if not (keep_config and self.config_file.is_file()):
+            self.config_file.write_text(config_yaml)
         self.truncate_metrics(step)  # steps past the checkpoint are logged again
         return aside
 

@@ -31,16 +31,16 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from gpt.checkpoint import (check_same_model, checkpoint_config, load_state, load_weights, rng_state,
-                            save_checkpoint, set_rng_state)
-from gpt.config import Config, dump_config
+from gpt.checkpoint import (CheckpointError, check_same_experiment, checkpoint_config, load_state, load_weights,
+                            rng_state, save_checkpoint, set_rng_state)
+from gpt.config import Config, dump_config, load_config
 from gpt.data import DataError, TokenRange, TrainBatches, open_split, resolve_data_dir
 from gpt.distributed import Dist, device_name, peak_memory_bytes, setup
 from gpt.errors import UserError
 from gpt.loss import autocast_for
 from gpt.metrics import Metrics
 from gpt.model import GPT
-from gpt.monitors import Divergence, StopFlag, Throughput
+from gpt.monitors import Divergence, LossWindow, StopFlag, Throughput
 from gpt.optimizer import make_optimizer, set_lr, step_unless_nonfinite
 from gpt.plots import plot_run
 from gpt.rundir import COMPLETED, DIVERGED, INTERRUPTED, RunDir
@@ -60,6 +60,7 @@ class Progress:
     nonfinite_total: int = 0  # skipped (non-finite) steps, as counted at the last log step
     nonfinite_run: int = 0  # of those, consecutive up to the last log step
     last_val: float | None = None  # the latest validation loss
+    total_steps: int | None = None  # the run's planned length: a resume must keep it
 
     @property
     def best_val_loss(self) -> float | None:
@@ -105,8 +106,11 @@ class Trainer:
                             f"choose a global batch divisible by {t.micro_batch_size * d.world_size}")
         self.resume_from = self.run.claim(resume, overwrite)
         self.move_aside = overwrite and not self.run.owns(self.resume_from)
-        if self.resume_from is not None:
-            check_same_model(checkpoint_config(self.resume_from).model, cfg.model, self.resume_from)
+        self.continues = self.resume_from is not None or (self.run.holds_run() and not self.move_aside)
+        if self.resume_from is not None:  # the experiment continues only as it began
+            check_same_experiment(checkpoint_config(self.resume_from), cfg, self.resume_from)
+        elif self.continues and self.run.config_file.is_file():  # restarting a run killed before a checkpoint
+            check_same_experiment(load_config(self.run.config_file), cfg, self.run.config_file)
         data_dir = resolve_data_dir(cfg.data.path, cfg.data.hub_repo, cfg.data.hub_revision) if d.is_main else None
         data_dir = d.gather_objects(data_dir)[0]  # rank 0 fetched (if from the Hub); everyone reads it
         self.val = TokenRange(open_split(data_dir, cfg.data.val_split), cfg.data.val_offset, cfg.data.val_tokens)
@@ -129,8 +133,13 @@ class Trainer:
         torch.manual_seed(t.seed + d.rank)  # dropout masks differ across ranks, as they should
         self.model = GPT(cfg.model, seed=cfg.init_seed)
         self.n_params = self.model.num_params()
-        self.total_steps = cfg.total_steps(self.n_params)
+        self.total_steps = cfg.total_steps(self.model.num_params(norms=False))
+        self.progress.total_steps = self.total_steps
         self.warmup = warmup_steps(self.total_steps, cfg.optim.warmup_frac)
+        if self.warmup >= self.total_steps > 1:
+            raise UserError(f"optim.warmup_frac {cfg.optim.warmup_frac:g} of {self.total_steps:,} steps is "
+                            f"{self.warmup:,} warmup steps, the whole run: the learning rate would never decay; "
+                            "lower optim.warmup_frac or train for more steps")
         self.reader.check_capacity(self.total_steps)
         self.model.to(d.device)
         self.params = list(self.model.parameters())
@@ -139,6 +148,17 @@ class Trainer:
         if self.resume_from is not None:
             load_weights(self.model, self.resume_from)
             self.load_state_dict(load_state(self.resume_from))
+            self.check_length()
+
+    def check_length(self) -> None:
+        """Refuse to continue a checkpoint under another plan than the one it was trained for."""
+        planned, p = self.progress.total_steps, self.progress
+        if planned is not None and planned != self.total_steps:
+            raise CheckpointError(f"{self.resume_from} belongs to a run of {planned:,} steps, but this config now "
+                                  f"gives {self.total_steps:,}; the schedule would change mid-run: start a new run")
+        if p.step > self.total_steps:
+            raise CheckpointError(f"{self.resume_from} is at step {p.step:,}, past this config's "
+                                  f"{self.total_steps:,} steps: start a new run")
 
     def state_dict(self) -> dict:
         """Everything besides the weights that continuing exactly needs. Every rank calls it:
@@ -152,7 +172,7 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
         self.reader.load_state_dict(state["data"])
-        self.progress = Progress(**state["progress"])
+        self.progress = Progress(**{"total_steps": None, **state["progress"]})  # older checkpoints: no plan
         rngs = state["rng"]  # a run resumed on more ranks than it had: the new ones take rank 0's
         set_rng_state(rngs[self.d.rank] if self.d.rank < len(rngs) else rngs[0])
 
@@ -160,7 +180,7 @@ class Trainer:
         """Set the run directory up (rank 0), wrap the model for DDP / compile, open the sinks."""
         cfg, d, p = self.cfg, self.d, self.progress
         if d.is_main:
-            aside = self.run.start(self.config_yaml, p.step, self.move_aside)
+            aside = self.run.start(self.config_yaml, p.step, self.move_aside, keep_config=self.continues)
             if aside is not None:
                 print(f"moved the earlier run to {aside}", file=sys.stderr)
         d.barrier()
@@ -171,7 +191,8 @@ class Trainer:
             self.net = torch.compile(self.net)
         self.autocast = autocast_for(cfg.train.precision, d.device)
         self.metrics = Metrics(self.run, cfg) if d.is_main else None
-        self.divergence = Divergence(d.device, total=p.nonfinite_total, consecutive=p.nonfinite_run,
+        self.window = LossWindow(d.device)
+        self.divergence = Divergence(d.device, step=p.step, total=p.nonfinite_total, consecutive=p.nonfinite_run,
                                      max_nonfinite=cfg.train.max_nonfinite_steps,
                                      loss_ceiling=cfg.train.loss_ceiling, warmup=self.warmup)
         self.bar = tqdm(total=self.total_steps, initial=p.step, unit="step", file=sys.stderr, dynamic_ncols=True,
@@ -190,24 +211,26 @@ class Trainer:
                 set_lr(self.optimizer, lr)
                 loss_sum, grad_norm, skipped = self.train_step()
                 self.divergence.record(skipped)
+                self.window.add(loss_sum, self.reader.accum)
                 p.step += 1
                 p.tokens += self.cfg.tokens_per_step
                 self.bar.update(1)
                 self.throughput.step_done(p.step)
+                stopping = self.d.any_flag(stop.requested)  # every step: training time, not a pause
+                evaluate, save = self.should_evaluate(p.step), self.should_checkpoint(p.step) or stopping
                 record = self.log_record(lr, loss_sum, grad_norm) if self.should_log(p.step) else None
-                reason = record and self.divergence.reason(p.step, p.nonfinite_run, record["train_loss"])
+                # wherever the loop waits for the device anyway, it also reads the divergence counters
+                reason = self.check_divergence(record) if record is not None or evaluate or save else None
                 if reason:
                     status = DIVERGED  # keep the last good checkpoint: nothing is saved from a diverged run
                     self.log(record)
                     break
-                with self.throughput.paused():
-                    is_best = False
-                    if self.should_evaluate(p.step):
-                        record = record or {"step": p.step, "tokens": p.tokens, "lr": lr}
-                        is_best = self.validate(record)
+                if evaluate:
+                    record = record or {"step": p.step, "tokens": p.tokens, "lr": lr}
+                with self.throughput.paused(self.d.synchronize) if evaluate or save else contextlib.nullcontext():
+                    is_best = evaluate and self.validate(record)
                     self.log(record)
-                    stopping = self.d.any_flag(stop.requested)
-                    if self.should_checkpoint(p.step) or is_best or stopping:
+                    if save or is_best:
                         self.checkpoint(is_best)
                 if stopping:
                     status, reason = INTERRUPTED, "stop signal (SIGTERM / SIGINT)"
@@ -253,16 +276,30 @@ class Trainer:
         return step % self.cfg.train.checkpoint_every == 0 or step == self.total_steps
 
     def log_record(self, lr: float, loss_sum: torch.Tensor, grad_norm: torch.Tensor) -> dict:
-        """The metrics of a log step: the one place the loop waits for the device."""
+        """The metrics of a log step (reading them waits for the device; other steps never do).
+
+        ``train_loss`` is the mean over the steps since the last log, ``train_loss_last`` the
+        log step's own."""
         p, d = self.progress, self.d
-        mean_loss = (d.all_sum(loss_sum) / (self.reader.accum * d.world_size)).item()
+        last = (d.all_sum(loss_sum) / (self.reader.accum * d.world_size)).item()
+        mean_loss = self.window.take(d.all_sum)
         rate = self.throughput.since_last_log(p.step)
-        p.nonfinite_total, p.nonfinite_run = self.divergence.counts()
         self.last_train_loss = mean_loss
         self.bar.set_postfix(loss=f"{mean_loss:.4f}", tok_s=f"{rate:,.0f}", refresh=False)
-        return {"step": p.step, "tokens": p.tokens, "train_loss": mean_loss, "lr": lr, "grad_norm": float(grad_norm),
-                "tokens_per_s": rate, "elapsed_s": p.elapsed + self.throughput.seconds(),
-                "nonfinite_steps": p.nonfinite_total}
+        return {"step": p.step, "tokens": p.tokens, "train_loss": mean_loss, "train_loss_last": last, "lr": lr,
+                "grad_norm": float(grad_norm), "tokens_per_s": rate, "elapsed_s": p.elapsed + self.throughput.seconds()}
+
+    def check_divergence(self, record: dict | None) -> str | None:
+        """Read the divergence counters into the progress (and ``record``); why the run diverged, or None."""
+        p = self.progress
+        p.nonfinite_total, p.nonfinite_run, crossed_at = self.divergence.counts()
+        if record is not None:
+            record["nonfinite_steps"] = p.nonfinite_total
+        verdict = self.divergence.reason(crossed_at, p.step, record["train_loss"] if record else None)
+        if verdict is None:
+            return None
+        reason, self.diverged_at = verdict
+        return reason
 
     def validate(self, record: dict) -> bool:
         """Measure the validation loss into ``record``; True if it is the best so far."""
@@ -308,8 +345,9 @@ class Trainer:
             "tokens_per_s": self.throughput.steady(p.step), "final_train_loss": self.last_train_loss,
             "best_val_loss": p.best_val_loss, "best_val_step": p.best_step,
             "nonfinite_steps": self.divergence.counts()[0],
-            "diverged_at_step": p.step if status == DIVERGED else None,
-            "n_params": self.n_params, "norm_type": cfg.model.norm_type, "seed": cfg.train.seed,
+            "diverged_at_step": self.diverged_at if status == DIVERGED else None,
+            "n_params": self.n_params, "n_params_outside_norms": self.model.num_params(norms=False),
+            "norm_type": cfg.model.norm_type, "seed": cfg.train.seed,
             "world_size": d.world_size, "device": device_name(d.device),
             "peak_memory_bytes": peak_memory_bytes(d.device),
             "train_token_range": [cfg.data.train_split, *self.reader.token_range()],

@@ -266,3 +266,140 @@ def test_mixed_precision_trains(train_yaml, precision, tmp_path):
     assert records[-1]["train_loss"] < records[0]["train_loss"] - 1.0
     scaler = ckpt_io.load_state(find_checkpoint(tmp_path / "run"))["scaler"]
     assert (scaler.get("scale", 0) > 0) == (precision == "fp16")  # the scaler's state is checkpointed
+
+
+# ------------------------------------------------------------------------ validity
+
+def files_of(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_resume_refuses_a_changed_experiment(train_yaml, tmp_path):
+    cfg = load_config(train_yaml())
+    train(cfg)
+    run = tmp_path / "run"
+    before = files_of(run)
+    for change, named in ((["optim.lr=0.02"], "optim.lr: checkpoint 0.01, config 0.02"),
+                          (["train.steps=30"], "train.steps: checkpoint 20, config 30"),
+                          (["optim.schedule=constant"], "optim.schedule: checkpoint 'cosine', config 'constant'"),
+                          (["train.precision=fp16"], "train.precision: checkpoint 'fp32', config 'fp16'")):
+        with pytest.raises(UserError, match=f"step-00000020 was trained with a different config; {named}; a resumed "
+                                            "run may change only run.*, log.*, hub.*"):
+            train(load_config(train_yaml(), change), resume="auto")
+        assert files_of(run) == before, change  # nothing written
+    out = run_train(train_yaml(), "--resume", "auto", "--set", "optim.lr=0.02")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "optim.lr: checkpoint 0.01" in out.stderr
+
+    # what only changes logging and cadence continues; the run's config.yaml stays as the run began
+    shutil.rmtree(run / "checkpoints" / "step-00000020")
+    (run / "checkpoints" / "latest").write_text("step-00000010\n")
+    (run / "summary.json").unlink()
+    original = (run / "config.yaml").read_text()
+    summary = train(load_config(train_yaml(), ["log.log_every=5", "train.checkpoint_every=5", "train.keep_last=3"]),
+                    resume="auto")
+    assert summary["status"] == "completed" and summary["steps"] == 20
+    assert (run / "config.yaml").read_text() == original
+    assert [r["step"] for r in metrics(run)] == [*range(1, 11), 15, 20]
+    assert load_config(run / "checkpoints" / "step-00000020" / "config.yaml").log.log_every == 5
+
+
+def test_resume_refuses_another_plan_of_length(train_yaml, tmp_path):
+    train(load_config(train_yaml()))
+    ckpt = tmp_path / "run" / "checkpoints" / "step-00000010"
+    state = ckpt_io.load_state(ckpt)
+    state["progress"]["total_steps"] = 25  # as if the step count had been worked out differently
+    torch.save(state, ckpt / "state.pt")
+    (tmp_path / "run" / "checkpoints" / "latest").write_text("step-00000010\n")
+    with pytest.raises(UserError, match="step-00000010 belongs to a run of 25 steps, but this config now gives 20"):
+        train(load_config(train_yaml()), resume="auto")
+
+
+def inject_nonfinite(monkeypatch, bad_steps, accum):
+    """Make the training loss NaN on the given (1-based) steps, counting training forward passes."""
+    original, calls = GPT.forward, {"n": 0}
+
+    def forward(self, idx, targets=None):
+        logits, loss = original(self, idx, targets)
+        if targets is not None:
+            step = calls["n"] // accum + 1
+            calls["n"] += 1
+            if step in bad_steps:
+                loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(GPT, "forward", forward)
+    return lambda: monkeypatch.setattr(GPT, "forward", original)
+
+
+def test_nonfinite_steps_between_log_steps_are_counted_and_kept_on_resume(train_yaml, tmp_path, monkeypatch):
+    sets = ["log.log_every=10", "train.checkpoint_every=7", "train.eval_every=100", "train.max_nonfinite_steps=5"]
+    restore = inject_nonfinite(monkeypatch, {3, 4, 5}, accum=2)
+    summary = train(load_config(train_yaml(), sets))
+    restore()
+    assert summary["status"] == "completed" and summary["nonfinite_steps"] == 3
+    assert [r.get("nonfinite_steps") for r in metrics(tmp_path / "run")] == [0, 3, 3]  # steps 1, 10, 20
+    # the checkpoint of step 7 (no log step) carries the three skipped steps into a resumed run
+    resumed = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "run", resumed)
+    for name in ("step-00000014", "step-00000020"):
+        shutil.rmtree(resumed / "checkpoints" / name)
+    (resumed / "checkpoints" / "latest").write_text("step-00000007\n")
+    (resumed / "summary.json").unlink()
+    again = train(load_config(train_yaml(), [*sets, f"run.dir={resumed}"]), resume="auto")
+    assert again["status"] == "completed" and again["nonfinite_steps"] == 3
+
+
+def test_a_streak_between_log_steps_is_a_divergence(train_yaml, tmp_path, monkeypatch):
+    inject_nonfinite(monkeypatch, {3, 4, 5}, accum=2)
+    sets = ["log.log_every=10", "train.checkpoint_every=7", "train.eval_every=100", "train.max_nonfinite_steps=3"]
+    summary = train(load_config(train_yaml(), sets))
+    assert summary["status"] == "diverged" and summary["diverged_at_step"] == 5 and summary["steps"] == 7
+    assert summary["stop_reason"] == "3 consecutive steps with a non-finite loss or gradient"
+    assert not (tmp_path / "run" / "checkpoints").exists()  # nothing is saved from a diverged run
+
+
+def test_logged_train_loss_is_the_window_mean(train_yaml, tmp_path):
+    every = metrics_of(train(load_config(train_yaml("every"))), tmp_path / "every")
+    windows = metrics_of(train(load_config(train_yaml("windows"), ["log.log_every=5"])), tmp_path / "windows")
+    by_step = {r["step"]: r["train_loss"] for r in every}
+    assert [r["step"] for r in windows if "train_loss" in r] == [1, 5, 10, 15, 20]
+    logged = [r for r in windows if "train_loss" in r]
+    for previous, r in zip(logged, logged[1:]):  # the steps since the previous log: 2-5, 6-10, ...
+        window = [by_step[s] for s in range(previous["step"] + 1, r["step"] + 1)]
+        assert r["train_loss"] == pytest.approx(sum(window) / len(window), rel=1e-6)
+        assert r["train_loss_last"] == pytest.approx(by_step[r["step"]], rel=1e-6)
+        assert r["train_loss"] != pytest.approx(r["train_loss_last"], rel=1e-6)  # it learns within a window
+
+
+def metrics_of(summary, run_dir):
+    assert summary["status"] == "completed"
+    return metrics(run_dir)
+
+
+def test_tokens_per_param_gives_every_norm_type_the_same_length(train_yaml, tmp_path):
+    lengths = set()
+    for norm_type in ("pytorch_layernorm", "pytorch_rmsnorm", "no_norm", "dyt"):
+        cfg = load_config(train_yaml(norm_type), [f"model.norm_type={norm_type}", "train.steps=null",
+                                                  "train.tokens_per_param=0.05", "train.eval_every=100"])
+        summary = train(cfg)
+        lengths.add((summary["total_steps"], summary["tokens"], summary["n_params_outside_norms"]))
+        in_norms = {"pytorch_layernorm": 5 * 2 * 32, "pytorch_rmsnorm": 5 * 32, "no_norm": 0, "dyt": 5 * (2 * 32 + 1)}
+        assert summary["n_params"] - summary["n_params_outside_norms"] == in_norms[norm_type]
+    assert len(lengths) == 1, lengths
+
+
+def test_pauses_leave_out_the_wait_for_the_device(monkeypatch):
+    from gpt import monitors
+
+    clock = {"t": 100.0}
+    monkeypatch.setattr(monitors.time, "perf_counter", lambda: clock["t"])
+    th = monitors.Throughput(step=0, total_steps=100, tokens_per_step=10)
+
+    def device_finishes_the_step():
+        clock["t"] += 3.0  # the step was still running: that is training time
+
+    clock["t"] += 1.0
+    with th.paused(device_finishes_the_step):
+        clock["t"] += 2.0  # evaluating
+    assert th.paused_seconds == 2.0
+    assert th.since_last_log(step=4) == pytest.approx(4 * 10 / 4.0)  # 1 + 3 s of training for 4 steps

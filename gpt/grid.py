@@ -47,11 +47,12 @@ def cell_name(config: Path, norm_type: str, seed: int) -> str:
 
 
 def plan(config: Path, norm_types: list[str], seeds: list[int], runs_dir: Path,
-         overrides: list[str] = ()) -> list[Cell]:
-    """Every cell's resolved config, validated before anything runs."""
+         overrides: list[str] = (), seeds_for: dict[str, list[int]] | None = None) -> list[Cell]:
+    """Every cell's resolved config, validated before anything runs. ``seeds_for`` gives some norm
+    types other seeds than ``seeds``."""
     cells = []
     for norm_type in norm_types:
-        for seed in seeds:
+        for seed in (seeds_for or {}).get(norm_type, seeds):
             name = cell_name(config, norm_type, seed)
             cell_overrides = [*overrides, f"model.norm_type={norm_type}", f"train.seed={seed}",
                               f"run.name={name}", f"run.dir={Path(runs_dir) / name}"]
@@ -101,12 +102,13 @@ def evaluate_cell(cell: Cell, nproc: int, log, where: str) -> None:
 
 
 def run_sweep(config: Path, norm_types: list[str], seeds: list[int], runs_dir: Path = Path("runs"), *,
-              nproc: int = 1, overrides: list[str] = (), out: Path | None = None, baseline: str | None = None,
+              seeds_for: dict[str, list[int]] | None = None, nproc: int = 1, overrides: list[str] = (),
+              out: Path | None = None, baseline: str | None = None, equivalence_margin: float | None = None,
               dry_run: bool = False, log=print) -> dict | None:
-    """Run the grid of ``config`` x ``norm_types`` x ``seeds`` in ``runs_dir``, ``nproc`` processes per run,
-    and compare the cells into ``out``; returns the comparison (None for a dry run, which only logs
-    the commands)."""
-    cells = plan(config, norm_types, seeds, runs_dir, overrides)
+    """Run the grid of ``config`` x ``norm_types`` x ``seeds`` (``seeds_for`` a norm type: its own) in
+    ``runs_dir``, ``nproc`` processes per run, and compare the cells into ``out``; returns the
+    comparison (None for a dry run, which only logs the commands)."""
+    cells = plan(config, norm_types, seeds, runs_dir, overrides, seeds_for)
     out = Path(out) if out is not None else Path(runs_dir) / f"{Path(config).stem}-comparison"
     for i, cell in enumerate(cells, 1):
         status = cell.run.status()
@@ -126,4 +128,4 @@ def run_sweep(config: Path, norm_types: list[str], seeds: list[int], runs_dir: P
     if dry_run:
         log(shlex.join([sys.executable, "-m", "gpt.compare", *[str(c.run.path) for c in cells], "--out", str(out)]))
         return None
-    return compare([c.run.path for c in cells], out, baseline)
+    return compare([c.run.path for c in cells], out, baseline, equivalence_margin=equivalence_margin)

@@ -31,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="config override for every cell (repeatable)")
     parser.add_argument("--out", type=Path, help="comparison folder (default runs/<config>-comparison)")
     parser.add_argument("--baseline", help="baseline group of the comparison")
+    parser.add_argument("--equivalence-margin", type=float, metavar="DELTA",
+                        help="test each group's equivalence to the baseline within +-DELTA (see compare)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = parser.parse_args(argv)
 
@@ -38,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     from gpt.grid import run_sweep
 
     result = run_sweep(args.config, args.norm_types, args.seeds, args.runs_dir, nproc=args.nproc,
-                       overrides=args.overrides, out=args.out, baseline=args.baseline, dry_run=args.dry_run)
+                       overrides=args.overrides, out=args.out, baseline=args.baseline,
+                       equivalence_margin=args.equivalence_margin, dry_run=args.dry_run)
     if result is not None:
         print(markdown(result), end="")
         print(f"\nplots: {', '.join(result['plots'])}")

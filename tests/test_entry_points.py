@@ -57,3 +57,17 @@ def test_demo_runs_the_whole_path(train_yaml, tmp_path):
     for name in ("comparison.md", "test_loss.png", "train_loss.png"):
         assert (tmp_path / "runs" / "demo-comparison" / name).is_file()
     assert "demo wall time:" in out.stdout
+
+
+def test_demo_runs_the_write_up_pair_with_three_seeds(tmp_path):
+    from gpt.demo import pair_seeds
+    from gpt.grid import plan
+    from gpt.norms import NORM_TYPES
+
+    everything = list(NORM_TYPES)
+    cells = plan(CONFIGS / "demo.yaml", everything, [0], tmp_path, seeds_for=pair_seeds(everything, [0, 1, 2]))
+    seeds = {}
+    for c in cells:
+        seeds.setdefault(c.norm_type, []).append(c.seed)
+    assert seeds == {n: [0, 1, 2] if n in ("handrolled_layernorm", "pytorch_layernorm") else [0] for n in NORM_TYPES}
+    assert len(cells) == 11 and pair_seeds(["handrolled_layernorm", "dyt"], [0, 1, 2]) is None

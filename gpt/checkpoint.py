@@ -1,4 +1,4 @@
-"""Checkpoints: atomic writes, ``latest`` / ``best`` pointers, retention, and loading.
+"""Checkpoints: atomic writes, ``latest`` / ``best`` pointers, retention, checks, loading.
 
 A checkpoints folder (a run's ``checkpoints/``, see ``gpt.rundir``) holds
 ``step-00000617/`` folders, each with
@@ -11,30 +11,39 @@ A checkpoints folder (a run's ``checkpoints/``, see ``gpt.rundir``) holds
 A checkpoint is written into a hidden temporary folder and renamed into place; the
 pointer files ``checkpoints/latest`` and ``checkpoints/best`` (one line: a folder name)
 are replaced atomically afterwards, and old checkpoints are deleted only after that. A
-crash at any moment therefore leaves ``latest`` naming a complete checkpoint.
+crash at any moment therefore leaves a complete checkpoint; ``tidy`` recovers the one
+case where it is not at its name (a kill between the two renames of a same-step
+replacement), and ``newest_loadable`` skips a damaged one, saying why. A write that
+fails (a full disk, a file-size limit, a read-only folder) removes its temporary folder
+and stops with the operating system's reason and the last good checkpoint.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
+import pickle
+import re
 import shutil
+import struct
+import zipfile
 from pathlib import Path
+from typing import Callable
 
-import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 
 from gpt.config import RESUMABLE, Config, ConfigError, config_differences, load_config
-from gpt.errors import UserError
+from gpt.errors import UserError, first_line, os_reason
 
 MODEL_FILE, STATE_FILE, CONFIG_FILE, INFO_FILE = "model.safetensors", "state.pt", "config.yaml", "checkpoint.json"
 POINTERS = ("latest", "best")
+STEP_NAME = re.compile(r"step-\d{8}")
 
 
 class CheckpointError(UserError):
-    """A checkpoint that is missing, incomplete or does not fit the config."""
+    """A checkpoint that is missing, damaged, or does not fit the config; or one that cannot be written."""
 
 
 def checkpoint_name(step: int) -> str:
@@ -57,28 +66,68 @@ def _write_pointer(root: Path, pointer: str, target: str) -> None:
 
 
 def read_pointer(root: Path, pointer: str) -> Path | None:
-    path = root / pointer
+    """The checkpoint folder a pointer file names (None: no pointer). A pointer is one folder name of
+    this checkpoints folder; anything else (binary, a path, another name) is a CheckpointError."""
+    path = Path(root) / pointer
     if not path.is_file():
         return None
-    return root / path.read_text().strip()
+    try:
+        name = path.read_text().strip()
+    except (UnicodeDecodeError, OSError) as e:
+        raise CheckpointError(f"{path}: damaged pointer ({first_line(e)})") from None
+    if not STEP_NAME.fullmatch(name):
+        raise CheckpointError(f"{path}: damaged pointer ({name[:40]!r} is not a checkpoint name like step-00000617)")
+    return Path(root) / name
+
+
+def _pointed(root: Path) -> set[str]:
+    names = set()
+    for pointer in POINTERS:
+        try:
+            target = read_pointer(root, pointer)
+        except CheckpointError:
+            continue
+        if target is not None:
+            names.add(target.name)
+    return names
+
+
+def step_folders(root: Path) -> list[Path]:
+    """The checkpoint folders of a checkpoints folder, oldest first."""
+    root = Path(root)
+    return sorted(p for p in root.glob("step-*") if p.is_dir() and STEP_NAME.fullmatch(p.name)) if root.is_dir() else []
 
 
 def save_checkpoint(root: Path, step: int, model: torch.nn.Module, *, state: dict, config_yaml: str,
                     info: dict, keep_last: int, is_best: bool) -> Path:
     """Write checkpoint ``step`` into the checkpoints folder ``root`` atomically, move ``latest``
-    (and ``best``) to it, and prune old ones: the last ``keep_last`` and the pointed-to stay."""
+    (and ``best``) to it, and prune old ones: the last ``keep_last`` and the pointed-to stay.
+
+    A write that fails removes its temporary folder and raises a CheckpointError naming the
+    operating system's reason and the last good checkpoint, which stays as it was."""
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
     name = checkpoint_name(step)
     tmp = root / f".tmp-{name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_model(model, str(tmp / MODEL_FILE))
-    torch.save(state, tmp / STATE_FILE)
-    (tmp / CONFIG_FILE).write_text(config_yaml)
-    (tmp / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
-    for f in tmp.iterdir():
-        _fsync(f)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        save_model(model, str(tmp / MODEL_FILE))
+        with open(tmp / STATE_FILE, "wb") as f:  # a file object: torch then keeps the OS error as the cause
+            torch.save(state, f)
+        (tmp / CONFIG_FILE).write_text(config_yaml)
+        (tmp / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+        for f in tmp.iterdir():
+            _fsync(f)
+    except (OSError, RuntimeError, SafetensorError) as e:  # torch's and safetensors' write errors
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            last = read_pointer(root, "latest")
+        except CheckpointError:
+            last = None
+        kept = f"the last good checkpoint is {last.name}" if last else "no checkpoint was written yet"
+        raise CheckpointError(f"cannot write checkpoint {name} in {root}: {os_reason(e)}; {kept}; "
+                              "free space or fix the folder, then rerun with --resume auto") from None
     final = root / name
     if final.exists():  # the same step again (a resumed run passing it): swap, never a gap
         aside = root / f".old-{name}-{os.getpid()}"
@@ -96,19 +145,95 @@ def save_checkpoint(root: Path, step: int, model: torch.nn.Module, *, state: dic
 
 
 def _prune(root: Path, keep_last: int) -> None:
-    keep = {p.name for p in (read_pointer(root, n) for n in POINTERS) if p is not None}
-    steps = sorted(p.name for p in root.glob("step-*") if p.is_dir())
+    keep = _pointed(root)
+    steps = [p.name for p in step_folders(root)]
     keep |= set(steps[-keep_last:])
     for name in steps:
         if name not in keep:
             shutil.rmtree(root / name, ignore_errors=True)
 
 
-def remove_stale_temporaries(root: Path) -> None:
-    """Folders a killed writer left in the checkpoints folder ``root`` (never pointed to; safe to delete)."""
-    root = Path(root)
-    for p in root.glob(".tmp-*") if root.is_dir() else ():
+def tidy(root: Path) -> list[str]:
+    """Clean up after a killed writer; returns what was done, one line each.
+
+    Temporary folders (never pointed to) are removed. A complete ``.old-<step>-<pid>`` whose
+    ``<step>`` is missing, left by a kill between the two renames of a same-step
+    replacement, is renamed back; one whose step exists is removed."""
+    root, done = Path(root), []
+    if not root.is_dir():
+        return done
+    for p in sorted(root.glob(".tmp-*")):
         shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    for p in sorted(root.glob(".old-step-*")):
+        name = p.name.removeprefix(".old-").rsplit("-", 1)[0]
+        if STEP_NAME.fullmatch(name) and not (root / name).exists() and problem(p) is None:
+            p.rename(root / name)
+            done.append(f"recovered {name} from {p.name}, left by a writer killed while replacing it")
+        else:
+            shutil.rmtree(p, ignore_errors=True)
+    return done
+
+
+def problem(ckpt: Path) -> str | None:
+    """What makes checkpoint folder ``ckpt`` unloadable, or None. Reads the whole state file (its
+    zip checksums) and the weights file's layout, not the tensors."""
+    ckpt = Path(ckpt)
+    if not ckpt.is_dir():
+        return "missing"
+    for name in (MODEL_FILE, STATE_FILE, CONFIG_FILE):
+        if not (ckpt / name).is_file():
+            return f"no {name}"
+    damaged = _safetensors_problem(ckpt / MODEL_FILE)
+    if damaged:
+        return f"{MODEL_FILE} {damaged}"
+    try:
+        with zipfile.ZipFile(ckpt / STATE_FILE) as z:
+            bad = z.testzip()
+        if bad is not None:
+            return f"{STATE_FILE} is damaged (bad checksum in {bad})"
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+        return f"{STATE_FILE} is damaged ({first_line(e)})"
+    try:
+        checkpoint_config(ckpt)
+    except CheckpointError as e:
+        return str(e).removeprefix(f"{ckpt}: ")
+    return None
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return f"is truncated ({size} bytes)"
+        (header_len,) = struct.unpack("<Q", head)
+        try:
+            header = json.loads(f.read(header_len))
+            end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, UnicodeDecodeError, KeyError, TypeError, OverflowError, MemoryError):
+            return "is not a safetensors file (damaged header)"
+    expected = 8 + header_len + end
+    return None if size == expected else f"is truncated ({size:,} of {expected:,} bytes)"
+
+
+def newest_loadable(root: Path, report: Callable[[str], None]) -> Path | None:
+    """The checkpoint ``latest`` names if it loads, else the newest one that does; every one passed
+    over is reported with the reason. None: there is none to resume from."""
+    candidates = []
+    try:
+        latest = read_pointer(root, "latest")
+    except CheckpointError as e:
+        report(f"{e}; ignored")
+        latest = None
+    if latest is not None:
+        candidates.append(latest)
+    candidates += [p for p in reversed(step_folders(root)) if p != latest]
+    for ckpt in candidates:
+        why = problem(ckpt)
+        if why is None:
+            return ckpt
+        report(f"skipped checkpoint {ckpt.name}: {why}")
+    return None
 
 
 def is_checkpoint(path: Path) -> bool:
@@ -117,9 +242,12 @@ def is_checkpoint(path: Path) -> bool:
 
 
 def read_info(ckpt: Path) -> dict:
-    """The checkpoint's ``checkpoint.json`` (step, tokens, losses, time), or {} if it has none."""
-    path = ckpt / INFO_FILE
-    return json.loads(path.read_text()) if path.is_file() else {}
+    """The checkpoint's ``checkpoint.json`` (step, tokens, losses, time), or {} if it has none or it is damaged."""
+    try:
+        info = json.loads((ckpt / INFO_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
 
 
 def checkpoint_config(ckpt: Path) -> Config:
@@ -147,36 +275,23 @@ def check_same_experiment(saved: Config, wanted: Config, source: Path) -> None:
 
 
 def load_weights(model: torch.nn.Module, ckpt: Path) -> None:
-    missing, unexpected = load_model(model, str(ckpt / MODEL_FILE), strict=False)
+    path = ckpt / MODEL_FILE
+    try:
+        missing, unexpected = load_model(model, str(path), strict=False)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing (pruned by a running trainer, or deleted); choose another "
+                              "checkpoint") from None
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:  # a damaged file
+        raise CheckpointError(f"{path}: cannot load ({first_line(e)}); the file is damaged") from None
     if missing or unexpected:
         raise CheckpointError(f"{ckpt}: weights do not fit the model (missing {missing}, unexpected {unexpected})")
 
 
 def load_state(ckpt: Path) -> dict:
-    return torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=True)
-
-
-# ------------------------------------------------------------------------ RNG states
-
-def rng_state() -> dict:
-    """Every RNG a training step may draw from, as plain values and tensors."""
-    np_state = np.random.get_state(legacy=False)
-    return {
-        "python": random.getstate(),
-        "numpy": {**np_state, "state": {"key": np_state["state"]["key"].tolist(),
-                                        "pos": int(np_state["state"]["pos"])}},
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
-
-
-def set_rng_state(state: dict) -> None:
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    np_state = dict(state["numpy"])
-    np_state["state"] = {"key": np.array(np_state["state"]["key"], dtype=np.uint32),
-                         "pos": np_state["state"]["pos"]}
-    np.random.set_state(np_state)
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    path = ckpt / STATE_FILE
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing; choose another checkpoint") from None
+    except (RuntimeError, OSError, ValueError, EOFError, pickle.UnpicklingError) as e:  # damaged or foreign
+        raise CheckpointError(f"{path}: cannot load ({first_line(e)}); the file is damaged") from None

@@ -57,6 +57,20 @@ class Dist:
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t
 
+    def on_main(self, fn):
+        """Run ``fn`` on rank 0 alone; every rank returns its result, or raises the UserError it raised
+        (so no rank waits at a collective for a rank 0 that has stopped)."""
+        result, error = None, None
+        if self.is_main:
+            try:
+                result = fn()
+            except UserError as e:
+                error = e
+        result, error = self.gather_objects((result, error))[0]
+        if error is not None:
+            raise error
+        return result
+
     def gather_objects(self, obj) -> list:
         """``obj`` from every rank, in rank order (on every rank)."""
         if not self.enabled:

@@ -23,7 +23,7 @@ from gpt.config import Config, load_config
 from gpt.distributed import setup
 from gpt.errors import UserError
 from gpt.evaluation import EvalOptions, evaluate_checkpoint
-from gpt.rundir import COMPLETED, DIVERGED, EXIT_CODES, FINISHED, INTERRUPTED, RunDir, read_eval_result
+from gpt.rundir import COMPLETED, FINISHED, INTERRUPTED, RunDir, read_eval_result
 from gpt.trainer import train
 
 
@@ -80,8 +80,9 @@ def train_cell(config: Path, cell: Cell, nproc: int) -> None:
     """Train (or resume) one cell; raise a UserError if it stops short of a result."""
     if nproc > 1:
         result = subprocess.run(train_command(config, cell, nproc))
-        if result.returncode not in (EXIT_CODES[COMPLETED], EXIT_CODES[DIVERGED]):  # diverged is a result too
-            raise UserError(f"{cell.name}: training exited with status {result.returncode}; "
+        status = cell.run.status()  # the run's own word: torchrun's exit status is 1 for a clean SIGTERM too
+        if status not in FINISHED:
+            raise UserError(f"{cell.name}: training stopped ({status}, exit status {result.returncode}); "
                             "rerun the sweep to resume it")
         return
     summary = train(cell.cfg, resume="auto")

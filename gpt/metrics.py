@@ -15,7 +15,11 @@ import uuid
 from pathlib import Path
 
 from gpt.config import Config, config_to_dict
+from gpt.errors import first_line, os_reason
 from gpt.rundir import RunDir
+
+
+WANDB_INIT_TIMEOUT = 30.0  # seconds wandb may hold training's start to reach its server (its own default: 90)
 
 
 def _clean(value):
@@ -37,9 +41,11 @@ class Metrics:
 
     def __init__(self, run: RunDir, cfg: Config):
         self.file = open(run.metrics_file, "a")
+        self.write_failed = False  # warned once about a failing metrics.jsonl
         self.wandb = self._start_wandb(run, cfg) if cfg.log.wandb else None
 
     def _start_wandb(self, run: RunDir, cfg: Config):
+        timeout = float(os.environ.get("WANDB_INIT_TIMEOUT", WANDB_INIT_TIMEOUT))
         try:
             import wandb
 
@@ -54,14 +60,23 @@ class Metrics:
             tags = [cfg.model.norm_type, f"seed-{cfg.train.seed}", *cfg.log.tags]
             return wandb.init(project=cfg.log.wandb_project, entity=cfg.log.wandb_entity, name=cfg.run.name,
                               id=run_id, resume="allow", tags=tags, config=config_to_dict(cfg), mode=mode,
-                              dir=os.environ.get("WANDB_DIR", str(run.path)))
+                              dir=os.environ.get("WANDB_DIR", str(run.path)),
+                              settings=wandb.Settings(init_timeout=timeout))
         except Exception as e:  # never let logging stop training
-            print(f"wandb: disabled ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})", file=sys.stderr)
+            print(f"wandb: disabled, training goes on without it ({type(e).__name__}: {first_line(e)}; it waits "
+                  f"{timeout:g} s at most for the server (WANDB_INIT_TIMEOUT); WANDB_MODE=offline logs without one)",
+                  file=sys.stderr)
             return None
 
     def log(self, record: dict) -> None:
-        self.file.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
-        self.file.flush()
+        try:
+            self.file.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+            self.file.flush()
+        except OSError as e:  # a full disk: training goes on; the next checkpoint says whether it can
+            if not self.write_failed:
+                print(f"warning: cannot write {self.file.name}: {os_reason(e)}; metrics from step {record['step']} "
+                      "on are missing until it can", file=sys.stderr)
+            self.write_failed = True
         if self.wandb is not None:
             try:
                 self.wandb.log({k: v for k, v in record.items() if k != "step" and v is not None},
@@ -71,7 +86,10 @@ class Metrics:
                 self.wandb = None
 
     def close(self, summary: dict | None = None) -> None:
-        self.file.close()
+        try:
+            self.file.close()
+        except OSError:  # its last buffered line hit the same full disk; already warned
+            pass
         if self.wandb is not None:
             try:
                 if summary:

@@ -1,39 +1,60 @@
-"""A run directory: the one module that knows its files and reads a run's status.
+"""A run directory: the one module that knows its files, its lock, and a run's status.
 
     runs/<name>/
         config.yaml       the resolved config, written when the run starts
         metrics.jsonl     one JSON record per logged step (rank 0)
-        summary.json      written when the run ends: status, stop reason, steps, speed, ...
+        summary.json      "running" while a trainer works on it; at the end: status, stop reason, speed, ...
         loss.png lr.png grad_norm.png      charts of metrics.jsonl (gpt.plots)
         wandb_id.txt      the W&B run id, so that a resumed run continues it
+        .lock             held (flock) by the one trainer working on the run; holds its PID
         checkpoints/      step-NNNNNNNN/ folders and the latest / best pointers (gpt.checkpoint)
             step-NNNNNNNN/eval-<split>-<precision>.json    a loss of that checkpoint (gpt.evaluation)
 
 Training, evaluation, comparison and the sweep reach these files only through here.
-A run's status is its ``summary.json``'s: ``completed``, ``diverged`` or ``interrupted``;
-with no summary it is ``unfinished`` (still running, or killed before it could write one).
+A run's status is its ``summary.json``'s: ``running``, then ``completed``, ``diverged``
+or ``interrupted``; with no summary it is ``unfinished``. A ``running`` run whose lock
+nobody holds was killed: the next ``--resume auto`` continues it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import socket
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
-from gpt.checkpoint import (MODEL_FILE, CheckpointError, is_checkpoint, read_pointer,
-                            remove_stale_temporaries)
-from gpt.errors import UserError
+from gpt.checkpoint import (MODEL_FILE, CheckpointError, is_checkpoint, newest_loadable, problem, read_pointer,
+                            step_folders)
+from gpt.errors import UserError, first_line, os_reason
 
-COMPLETED, DIVERGED, INTERRUPTED = "completed", "diverged", "interrupted"
-UNFINISHED = "unfinished"  # no summary.json: running, or killed before it ended
+COMPLETED, DIVERGED, INTERRUPTED, RUNNING = "completed", "diverged", "interrupted", "running"
+UNFINISHED = "unfinished"  # no summary.json: killed before its first summary, or never started
 FINISHED = (COMPLETED, DIVERGED)  # results: a sweep does not run them again
 EXIT_CODES = {COMPLETED: 0, DIVERGED: 3, INTERRUPTED: 4}  # train.py's exit status for each (2: a user error)
 EVAL_PREFIX = "eval-"
 CHECKPOINTS_DIR = "checkpoints"
+
+
+class RunBusyError(UserError):
+    """Another trainer holds the run directory."""
+
+
+def read_json(path: Path, what: str) -> dict:
+    """A JSON object from ``path``; one line naming the file if it is not one (a damaged or hand-edited file)."""
+    try:
+        data = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: damaged {what} (not valid JSON: {first_line(e)}); delete it or restore it") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: damaged {what} (a JSON {type(data).__name__}, not an object); delete or restore it")
+    return data
 
 
 @dataclass(frozen=True)
@@ -69,6 +90,10 @@ class RunDir:
     def checkpoints(self) -> Path:
         return self.path / CHECKPOINTS_DIR
 
+    @property
+    def lock_file(self) -> Path:
+        return self.path / ".lock"
+
     def looks_like_run(self) -> bool:
         """Whether training ever started here (a config or a checkpoints folder)."""
         return self.config_file.is_file() or self.checkpoints.is_dir()
@@ -76,20 +101,40 @@ class RunDir:
     # ---------------------------------------------------------------- reading
 
     def summary(self) -> dict | None:
-        return json.loads(self.summary_file.read_text()) if self.summary_file.is_file() else None
+        return read_json(self.summary_file, "summary") if self.summary_file.is_file() else None
 
     def status(self) -> str:
         summary = self.summary()
-        return summary["status"] if summary else UNFINISHED
+        return summary.get("status", UNFINISHED) if summary else UNFINISHED
 
     def read_config(self) -> dict:
         """The resolved config as the plain mapping it was written as."""
-        return yaml.safe_load(self.config_file.read_text())
+        try:
+            data = yaml.safe_load(self.config_file.read_text())
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
+            raise UserError(f"{self.config_file}: damaged config ({first_line(e)}); restore it from a "
+                            f"checkpoint's {self.config_file.name}") from None
+        if not isinstance(data, dict):
+            raise UserError(f"{self.config_file}: damaged config (not a mapping of sections); restore it from a "
+                            f"checkpoint's {self.config_file.name}")
+        return data
 
-    def metrics(self) -> list[dict]:
+    def metrics(self, dropped: list[int] | None = None) -> list[dict]:
+        """The metric records; lines that do not parse (a torn last line after a kill or a full disk)
+        are left out, and their numbers (1-based) added to ``dropped``."""
         if not self.metrics_file.is_file():
             return []
-        return [json.loads(line) for line in self.metrics_file.read_text().splitlines() if line.strip()]
+        records = []
+        for number, line in enumerate(self.metrics_file.read_text(errors="replace").splitlines(), 1):
+            try:
+                record = json.loads(line) if line.strip() else None
+            except ValueError:
+                record = "torn"
+            if isinstance(record, dict) and isinstance(record.get("step"), int):
+                records.append(record)
+            elif record is not None and dropped is not None:
+                dropped.append(number)
+        return records
 
     def latest_checkpoint(self) -> Path | None:
         return find_checkpoint(self.path) if read_pointer(self.checkpoints, "latest") is not None else None
@@ -106,7 +151,8 @@ class RunDir:
 
     def holds_run(self) -> bool:
         """Whether a run has trained here: it logged metrics or wrote a checkpoint."""
-        return self.metrics_file.is_file() or read_pointer(self.checkpoints, "latest") is not None
+        return (self.metrics_file.is_file() or bool(step_folders(self.checkpoints))
+                or (self.checkpoints / "latest").is_file())
 
     def owns(self, ckpt: Path | None) -> bool:
         """Whether ``ckpt`` is one of this run's own checkpoints."""
@@ -114,50 +160,108 @@ class RunDir:
 
     # ---------------------------------------------------------------- writing
 
-    def claim(self, resume: str | None, overwrite: bool) -> Path | None:
+    def lock(self) -> RunLock:
+        """Take the run's exclusive lock, or raise RunBusyError naming the trainer that holds it."""
+        return RunLock(self.lock_file, self.path)
+
+    def claim(self, resume: str | None, overwrite: bool, report: Callable[[str], None]) -> Path | None:
         """The checkpoint to resume from (or None), after refusing anything that would lose a run.
 
-        ``resume``: ``auto`` (this run's latest checkpoint, if any), a path to a run or
-        checkpoint, or None (a fresh start, refused over an existing run unless ``overwrite``).
+        ``resume``: ``auto`` (this run's newest checkpoint that loads, reporting any skipped),
+        a path to a run or checkpoint (refused if damaged), or None (a fresh start, refused over
+        an existing run unless ``overwrite``).
         """
-        latest = self.latest_checkpoint()
         if resume == "auto":
-            return latest
+            return newest_loadable(self.checkpoints, report)
         source = find_checkpoint(resume) if resume is not None else None
+        if source is not None and problem(source) is not None:
+            raise CheckpointError(f"{source}: cannot resume from it: {problem(source)}; choose another checkpoint "
+                                  "(--resume auto takes the newest one that loads)")
         if self.owns(source):
             return source  # an earlier checkpoint of this very run
         if self.holds_run() and not overwrite:
-            what = f"checkpoints up to {latest.name}" if latest else "metrics of an earlier run"
+            steps = step_folders(self.checkpoints)
+            what = f"checkpoints up to {steps[-1].name}" if steps else "metrics of an earlier run"
             raise UserError(f"{self.path} already holds a run ({what}); pass --resume auto to continue it, "
                             f"--overwrite to start over (the old run is moved aside), or set run.name / run.dir")
         return source
 
-    def start(self, config_yaml: str, step: int, move_aside: bool, keep_config: bool) -> Path | None:
-        """Set the folder up for a run continuing after ``step`` (rank 0 only); returns where an
-        earlier run was moved to, if ``move_aside`` and there was one. ``keep_config``: the run
-        continues, and its config.yaml, if it has one, stays as the run began."""
-        aside = None
-        if move_aside and self.path.exists():
-            aside = self.path.with_name(f"{self.path.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+    def move_aside(self) -> Path:
+        """Rename the run (for --overwrite: an earlier run is never deleted); returns its new place."""
+        aside = self.path.with_name(f"{self.path.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+        try:
             self.path.rename(aside)
-        self.path.mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(self.checkpoints)
-        if not (keep_config and self.config_file.is_file()):
-            self.config_file.write_text(config_yaml)
-        self.truncate_metrics(step)  # steps past the checkpoint are logged again
+        except OSError as e:
+            raise UserError(f"cannot move the earlier run {self.path} aside: {os_reason(e)}") from None
         return aside
 
-    def truncate_metrics(self, after_step: int) -> None:
-        """Drop records past ``after_step`` (a resumed run logs those steps again), atomically."""
+    def start(self, config_yaml: str, step: int, keep_config: bool) -> list[str]:
+        """Set the folder up for a run continuing after ``step`` (rank 0 only); returns what it did
+        worth saying. ``keep_config``: the run continues, and its config.yaml, if it has one, stays
+        as the run began."""
+        notes = []
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            if not (keep_config and self.config_file.is_file()):
+                self.config_file.write_text(config_yaml)
+            dropped: list[int] = []
+            self.truncate_metrics(step, dropped)  # steps past the checkpoint are logged again
+            if dropped:
+                notes.append(f"{self.metrics_file}: dropped unparsable line(s) {', '.join(map(str, dropped))} "
+                             "(a kill or a full disk cut them short)")
+        except OSError as e:
+            raise UserError(f"cannot set up the run directory {self.path}: {os_reason(e)}; make it writable "
+                            "(or free space) and rerun") from None
+        return notes
+
+    def truncate_metrics(self, after_step: int, dropped: list[int] | None = None) -> None:
+        """Drop records past ``after_step`` (a resumed run logs those steps again), and lines that do not
+        parse, atomically."""
         if not self.metrics_file.is_file():
             return
-        kept = [r for r in self.metrics() if r["step"] <= after_step]
+        kept = [r for r in self.metrics(dropped) if r["step"] <= after_step]
         tmp = self.metrics_file.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
         os.replace(tmp, self.metrics_file)
 
     def write_summary(self, summary: dict) -> None:
         self.summary_file.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+class RunLock:
+    """An exclusive lock (flock) on a run directory, held while one trainer works on it.
+
+    The kernel releases it when the process ends, however it ends, so a kill -9 never
+    leaves a stale lock. The lock file holds the holder's PID and host for the message a
+    second trainer gets.
+    """
+
+    def __init__(self, path: Path, run_path: Path):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RunBusyError(f"{run_path} is in use by another trainer (PID {holder}); wait for it to end or "
+                               "stop it, or choose another run.name") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        try:  # a folder made only to hold the lock (the run stopped before it began) leaves no trace
+            if [p.name for p in self.path.parent.iterdir()] == [self.path.name]:
+                self.path.unlink()
+                self.path.parent.rmdir()
+        except OSError:
+            pass
+        os.close(self.fd)  # closing the descriptor releases the flock
+        self.fd = None
 
 
 def find_checkpoint(path: str | Path, which: str = "latest") -> Path:
@@ -169,7 +273,9 @@ def find_checkpoint(path: str | Path, which: str = "latest") -> Path:
         target = read_pointer(root, which)
         if target is not None:
             if not is_checkpoint(target):
-                raise CheckpointError(f"{root / which} names {target.name}, which is missing or incomplete")
+                there = ", ".join(p.name for p in step_folders(root)) or "none"
+                raise CheckpointError(f"{root / which} names {target.name}, which is missing or incomplete; "
+                                      f"give a checkpoint folder instead (checkpoints there: {there})")
             return target
     if not path.exists():
         raise CheckpointError(f"{path}: no such run or checkpoint")
@@ -197,9 +303,16 @@ def eval_result_file(ckpt: Path, split: str, precision: str) -> Path:
 
 def read_eval_result(ckpt: Path, split: str, precision: str) -> dict | None:
     path = eval_result_file(ckpt, split, precision)
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_json(path, "evaluation result") if path.is_file() else None
 
 
-def write_eval_result(ckpt: Path, result: dict) -> None:
-    """Keep ``result`` (a dict with its ``split`` and ``precision``) beside the checkpoint."""
-    eval_result_file(ckpt, result["split"], result["precision"]).write_text(json.dumps(result, indent=2) + "\n")
+def write_eval_result(ckpt: Path, result: dict) -> bool:
+    """Keep ``result`` (a dict with its ``split`` and ``precision``) beside the checkpoint; False, with a
+    line on stderr, if the checkpoint folder is gone (a running trainer pruned it)."""
+    try:  # opening a file in a folder that is gone fails: a pruned checkpoint is never recreated
+        eval_result_file(ckpt, result["split"], result["precision"]).write_text(json.dumps(result, indent=2) + "\n")
+    except FileNotFoundError:
+        print(f"warning: {ckpt} was removed while it was evaluated (pruned by its running trainer); the result "
+              f"is printed but not kept: evaluate a checkpoint that stays, e.g. --which best", file=sys.stderr)
+        return False
+    return True

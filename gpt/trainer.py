@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import platform
 import random
 import sys
@@ -32,18 +33,19 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from gpt.checkpoint import (CheckpointError, check_same_experiment, checkpoint_config, load_state, load_weights,
-                            rng_state, save_checkpoint, set_rng_state)
+                            save_checkpoint, tidy)
 from gpt.config import Config, dump_config, load_config
-from gpt.data import DataError, TokenRange, TrainBatches, open_split, resolve_data_dir
+from gpt.data import DataError, TokenRange, TrainBatches, check_vocabulary, open_split, resolve_data_dir
 from gpt.distributed import Dist, device_name, peak_memory_bytes, setup
-from gpt.errors import UserError
+from gpt.errors import UserError, os_reason
 from gpt.loss import autocast_for
 from gpt.metrics import Metrics
 from gpt.model import GPT
 from gpt.monitors import Divergence, LossWindow, StopFlag, Throughput
 from gpt.optimizer import make_optimizer, set_lr, step_unless_nonfinite
 from gpt.plots import plot_run
-from gpt.rundir import COMPLETED, DIVERGED, INTERRUPTED, RunDir
+from gpt.rng import rng_state, set_rng_state
+from gpt.rundir import COMPLETED, DIVERGED, INTERRUPTED, RUNNING, RunDir
 from gpt.schedule import lr_at, warmup_steps
 from gpt.scoring import evaluate_loss
 
@@ -75,12 +77,13 @@ def train(cfg: Config, resume: str | None = None, overwrite: bool = False, dist:
     torchrun's, if any, and leave it at the end).
     """
     d = dist or setup(cfg.run.device)
+    trainer = Trainer(cfg, d)
     try:
-        trainer = Trainer(cfg, d)
         trainer.preflight(resume, overwrite)
         trainer.build()
         return trainer.train()
     finally:
+        trainer.release()
         if dist is None:
             d.close()
 
@@ -94,6 +97,7 @@ class Trainer:
         self.config_yaml = dump_config(cfg)  # written beside the run and into every checkpoint
         self.progress = Progress()
         self.last_train_loss: float | None = None
+        self.lock = None  # rank 0's hold on the run directory, from preflight to the end
 
     # ------------------------------------------------------------ before the loop
 
@@ -104,15 +108,28 @@ class Trainer:
             raise UserError(f"train.global_batch_size {t.global_batch_size} is not a multiple of "
                             f"train.micro_batch_size {t.micro_batch_size} x {d.world_size} processes; "
                             f"choose a global batch divisible by {t.micro_batch_size * d.world_size}")
-        self.resume_from = self.run.claim(resume, overwrite)
-        self.move_aside = overwrite and not self.run.owns(self.resume_from)
-        self.continues = self.resume_from is not None or (self.run.holds_run() and not self.move_aside)
-        if self.resume_from is not None:  # the experiment continues only as it began
-            check_same_experiment(checkpoint_config(self.resume_from), cfg, self.resume_from)
-        elif self.continues and self.run.config_file.is_file():  # restarting a run killed before a checkpoint
-            check_same_experiment(load_config(self.run.config_file), cfg, self.run.config_file)
-        data_dir = resolve_data_dir(cfg.data.path, cfg.data.hub_repo, cfg.data.hub_revision) if d.is_main else None
-        data_dir = d.gather_objects(data_dir)[0]  # rank 0 fetched (if from the Hub); everyone reads it
+        self.resume_from, self.move_aside, self.continues = d.on_main(lambda: self.claim(resume, overwrite))
+        self.open_data(d.on_main(lambda: resolve_data_dir(cfg.data.path, cfg.data.hub_repo, cfg.data.hub_revision)))
+
+    def claim(self, resume: str | None, overwrite: bool) -> tuple[Path | None, bool, bool]:
+        """Rank 0: lock the run directory, tidy it, choose the checkpoint to resume from and check that it
+        is the same experiment. Returns (checkpoint, move the old run aside?, does a run continue?)."""
+        self.lock = self.run.lock()
+        for note in tidy(self.run.checkpoints):
+            print(note, file=sys.stderr)
+        resume_from = self.run.claim(resume, overwrite, report=lambda note: print(note, file=sys.stderr))
+        move_aside = overwrite and not self.run.owns(resume_from)
+        continues = resume_from is not None or (self.run.holds_run() and not move_aside)
+        if resume_from is not None:  # the experiment continues only as it began
+            check_same_experiment(checkpoint_config(resume_from), self.cfg, resume_from)
+        elif continues and self.run.config_file.is_file():  # restarting a run killed before a checkpoint
+            check_same_experiment(load_config(self.run.config_file), self.cfg, self.run.config_file)
+        return resume_from, move_aside, continues
+
+    def open_data(self, data_dir: Path) -> None:
+        """Open the validation range and the training reader; refuse ranges and token ids that do not fit."""
+        cfg, d, t = self.cfg, self.d, self.cfg.train
+        check_vocabulary(data_dir, cfg.model.vocab_size)
         self.val = TokenRange(open_split(data_dir, cfg.data.val_split), cfg.data.val_offset, cfg.data.val_tokens)
         if self.val.offset + self.val.n_tokens > len(self.val.tokens):
             raise DataError(f"{self.val.tokens.path}: validation range [{self.val.offset:,}, "
@@ -121,9 +138,10 @@ class Trainer:
         if self.val.n_sequences(cfg.model.context_length) == 0:
             raise DataError(f"data.val_tokens {cfg.data.val_tokens} holds no sequence of "
                             f"model.context_length + 1 = {cfg.model.context_length + 1} tokens")
+        self.val.check_ids(cfg.model.vocab_size)  # the whole range, now, rather than at the first validation
         self.reader = TrainBatches(open_split(data_dir, cfg.data.train_split), cfg.model.context_length,
                                    t.micro_batch_size, t.global_batch_size, rank=d.rank, world_size=d.world_size,
-                                   seed=t.seed, shuffle=cfg.data.shuffle)
+                                   seed=t.seed, shuffle=cfg.data.shuffle, vocab_size=cfg.model.vocab_size)
 
     def build(self) -> None:
         """Seed, build the model, optimizer, grad scaler; load the checkpoint resumed from."""
@@ -179,11 +197,8 @@ class Trainer:
     def start(self) -> None:
         """Set the run directory up (rank 0), wrap the model for DDP / compile, open the sinks."""
         cfg, d, p = self.cfg, self.d, self.progress
-        if d.is_main:
-            aside = self.run.start(self.config_yaml, p.step, self.move_aside, keep_config=self.continues)
-            if aside is not None:
-                print(f"moved the earlier run to {aside}", file=sys.stderr)
-        d.barrier()
+        for note in d.on_main(self.start_run_dir):
+            print(note, file=sys.stderr)
         self.net: torch.nn.Module = self.model
         if d.enabled:
             self.net = DDP(self.model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
@@ -198,6 +213,33 @@ class Trainer:
         self.bar = tqdm(total=self.total_steps, initial=p.step, unit="step", file=sys.stderr, dynamic_ncols=True,
                         disable=not (d.is_main and cfg.log.progress))
         self.throughput = Throughput(p.step, self.total_steps, cfg.tokens_per_step)
+
+    def start_run_dir(self) -> list[str]:
+        """Rank 0: set the run directory up and mark the run as running (an evaluator then knows that
+        its summary is not final)."""
+        notes = []
+        if self.move_aside and self.run.path.exists():
+            notes.append(f"moved the earlier run to {self.run.move_aside()}")
+            self.lock.release()  # its lock file went with it: hold the new folder's
+            self.lock = self.run.lock()
+        notes += self.run.start(self.config_yaml, self.progress.step, keep_config=self.continues)
+        cfg = self.cfg
+        try:
+            self.run.write_summary({
+                "status": RUNNING, "pid": os.getpid(), "steps": self.progress.step, "total_steps": self.total_steps,
+                "norm_type": cfg.model.norm_type, "seed": cfg.train.seed,
+                "train_token_range": [cfg.data.train_split, *self.reader.token_range()],
+                "val_token_range": [cfg.data.val_split, self.val.offset, self.val.offset + self.val.n_tokens]})
+        except OSError as e:
+            raise UserError(f"cannot write {self.run.summary_file}: {os_reason(e)}; free space or make the run "
+                            "directory writable, then rerun") from None
+        return notes
+
+    def release(self) -> None:
+        """Let the run directory go (a killed process lets go too: the kernel drops its lock)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     # ------------------------------------------------------------------ the loop
 
@@ -231,7 +273,11 @@ class Trainer:
                     is_best = evaluate and self.validate(record)
                     self.log(record)
                     if save or is_best:
-                        self.checkpoint(is_best)
+                        try:
+                            self.checkpoint(is_best)
+                        except CheckpointError as e:  # a full disk, say: stop, keeping the last good one
+                            status, reason = INTERRUPTED, str(e)
+                            break
                 if stopping:
                     status, reason = INTERRUPTED, "stop signal (SIGTERM / SIGINT)"
                     break
@@ -320,21 +366,28 @@ class Trainer:
     # ------------------------------------------------------- checkpoints, the end
 
     def checkpoint(self, is_best: bool) -> Path | None:
-        """Save a checkpoint of this step (rank 0 writes, every rank takes part); redraw the charts."""
+        """Save a checkpoint of this step (rank 0 writes, every rank takes part); redraw the charts.
+        A write that fails raises CheckpointError on every rank."""
         state, p = self.state_dict(), self.progress
-        path = None
-        if self.d.is_main:
+
+        def save() -> Path:
             info = {"step": p.step, "tokens": p.tokens, "val_loss": p.last_val, "best_val_loss": p.best_val_loss,
                     "elapsed_seconds": state["progress"]["elapsed"]}
             path = save_checkpoint(self.run.checkpoints, p.step, self.model, state=state,
                                    config_yaml=self.config_yaml, info=info, keep_last=self.cfg.train.keep_last,
                                    is_best=is_best)
             self.plot()
-        self.d.barrier()
-        return path
+            return path
 
-    def plot(self) -> None:
-        plot_run(self.run.metrics(), self.run.path, f"{self.cfg.run.name} ({self.cfg.model.norm_type})")
+        return self.d.on_main(save)
+
+    def plot(self) -> str | None:
+        """Redraw the run's charts; they are derived, so a failure (a full disk) is returned, not raised."""
+        try:
+            plot_run(self.run.metrics(), self.run.path, f"{self.cfg.run.name} ({self.cfg.model.norm_type})")
+        except OSError as e:
+            return f"charts not drawn: {os_reason(e)}"
+        return None
 
     def summary(self, status: str, reason: str | None) -> dict:
         """What summary.json says of the run (see the README for every field)."""
@@ -360,9 +413,16 @@ class Trainer:
         self.bar.close()
         summary = self.summary(status, reason)
         if self.d.is_main:
-            self.run.write_summary(summary)
-            self.plot()
+            problems = [self.plot()]
+            try:
+                self.run.write_summary(summary)
+            except OSError as e:  # the disk that stopped the checkpoint: say so in the same line
+                problems.append(f"{self.run.summary_file.name} not written: {os_reason(e)}")
             self.metrics.close(summary)
+            problems = "; ".join(x for x in problems if x)
             if status != COMPLETED:
-                print(f"{status} at step {self.progress.step}: {reason}", file=sys.stderr)
+                print(f"{status} at step {self.progress.step}: {reason}" + (f" ({problems})" if problems else ""),
+                      file=sys.stderr)
+            elif problems:
+                print(f"warning: {problems}", file=sys.stderr)
         return summary

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpt.errors import UserError
+from gpt.errors import UserError, first_line
 
 TOKEN_DTYPE = np.uint16  # GPT-2's 50257 tokens fit
 META_FILE = "meta.json"
@@ -108,6 +108,13 @@ class TokenRange:
         """Sequences ``ids`` of the range, (len(ids), seq_len + 1) int64."""
         return read_sequences(self.tokens, ids, seq_len, self.offset)
 
+    def check_ids(self, vocab_size: int, chunk: int = 1 << 22) -> None:
+        """Refuse, before training, a range holding token ids the model has no embedding for."""
+        for start in range(self.offset, self.offset + self.n_tokens, chunk):
+            count = min(chunk, self.offset + self.n_tokens - start)
+            check_ids(torch.from_numpy(self.tokens.read(start, count).astype(np.int64)), vocab_size,
+                      f"{self.tokens.path} [{start:,}, {start + count:,})")
+
 
 def _safetensors_layout(path: Path) -> tuple[np.dtype, int, int]:
     """(dtype, byte offset of the first token, token count) of a 1-D ``tokens`` tensor."""
@@ -131,14 +138,26 @@ def _safetensors_layout(path: Path) -> tuple[np.dtype, int, int]:
     return dtype, 8 + header_len + begin, entry["shape"][0]
 
 
+TOKEN_DTYPES = ("uint16", "int16", "uint32", "int32", "int64", "uint8")
+
+
 def read_meta(data_dir: str | Path) -> dict | None:
+    """A prepared set's ``meta.json`` (None: there is none), checked for what the reader relies on."""
     path = Path(data_dir) / META_FILE
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
-    except ValueError:
-        raise DataError(f"{path}: not valid JSON") from None
+        meta = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: not valid JSON ({first_line(e)}); prepare the set again") from None
+    if not isinstance(meta, dict):
+        raise DataError(f"{path}: a JSON {type(meta).__name__}, not the object prepare_data writes; prepare the set "
+                        "again")
+    if meta.get("dtype", "uint16") not in TOKEN_DTYPES:
+        raise DataError(f"{path}: dtype {meta['dtype']!r} is not a token dtype ({', '.join(TOKEN_DTYPES)})")
+    if not isinstance(meta.get("tokenizer", {}), dict):
+        raise DataError(f"{path}: 'tokenizer' must be an object (name, n_vocab, eot_token)")
+    return meta
 
 
 def _meta_dtype(data_dir: Path) -> str:
@@ -146,14 +165,34 @@ def _meta_dtype(data_dir: Path) -> str:
     return meta.get("dtype", "uint16") if meta else "uint16"
 
 
+def check_vocabulary(data_dir: Path, vocab_size: int) -> None:
+    """Refuse a prepared set whose tokenizer has more tokens than the model's vocabulary."""
+    meta = read_meta(data_dir) or {}
+    n_vocab = meta.get("tokenizer", {}).get("n_vocab")
+    if isinstance(n_vocab, int) and n_vocab > vocab_size:
+        raise DataError(f"{data_dir}: its tokenizer ({meta['tokenizer'].get('name', '?')}) has {n_vocab:,} tokens, "
+                        f"more than model.vocab_size {vocab_size:,}; use a model with vocab_size >= {n_vocab:,}")
+
+
+def check_ids(batch: torch.Tensor, vocab_size: int | None, where: str) -> None:
+    """Refuse token ids the model has no embedding for, on the CPU, before they reach a device."""
+    if vocab_size is not None and batch.numel() and int(batch.max()) >= vocab_size:
+        raise DataError(f"{where}: token id {int(batch.max()):,} is >= model.vocab_size {vocab_size:,}; the data set "
+                        "was made with another tokenizer than the model expects")
+
+
 def open_split(data_dir: str | Path, split: str) -> TokenFile:
     """The token file of ``split`` in ``data_dir``: ``<split>.bin`` or ``<split>.safetensors``."""
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise DataError(f"{data_dir}: no such data directory (prepare one with scripts/prepare_data.py)")
-    for suffix in (".bin", ".safetensors"):
-        if (data_dir / f"{split}{suffix}").is_file():
-            return TokenFile(data_dir / f"{split}{suffix}")
+    if (data_dir / f"{split}.bin").is_file():
+        if not (data_dir / META_FILE).is_file():  # written last: a set without it was never finished
+            raise DataError(f"{data_dir}: no {META_FILE}, so not a complete prepared set (an interrupted "
+                            "preparation leaves such a folder); prepare it again with scripts/prepare_data.py")
+        return TokenFile(data_dir / f"{split}.bin")
+    if (data_dir / f"{split}.safetensors").is_file():
+        return TokenFile(data_dir / f"{split}.safetensors")
     found = sorted(p.stem for p in data_dir.iterdir() if p.suffix in (".bin", ".safetensors"))
     raise DataError(f"{data_dir}: no split {split!r} ({split}.bin or {split}.safetensors); "
                     f"splits here: {', '.join(found) or 'none'}")
@@ -172,7 +211,7 @@ def resolve_data_dir(path: str | None, hub_repo: str | None, revision: str | Non
         return Path(snapshot_download(hub_repo, repo_type="dataset", revision=revision, cache_dir=cache_dir,
                                       allow_patterns=["*.bin", "*.safetensors", META_FILE]))
     except Exception as e:  # offline, unknown repo, no access: the library's first line
-        raise DataError(f"data.hub_repo {hub_repo}: cannot fetch: {str(e).splitlines()[0]}") from None
+        raise DataError(f"data.hub_repo {hub_repo}: cannot fetch: {first_line(e)}") from None
 
 
 def read_sequences(tokens: TokenFile, ids, seq_len: int, offset: int = 0) -> torch.Tensor:
@@ -234,7 +273,8 @@ class TrainBatches:
     """
 
     def __init__(self, tokens: TokenFile, seq_len: int, micro_batch: int, global_batch: int,
-                 rank: int = 0, world_size: int = 1, seed: int = 0, shuffle: bool = True):
+                 rank: int = 0, world_size: int = 1, seed: int = 0, shuffle: bool = True,
+                 vocab_size: int | None = None):
         if global_batch % (micro_batch * world_size):
             raise DataError(f"global batch {global_batch} is not a multiple of micro-batch {micro_batch} "
                             f"x world size {world_size}")
@@ -243,6 +283,7 @@ class TrainBatches:
         self.rank, self.world_size = rank, world_size
         self.accum = global_batch // (micro_batch * world_size)
         self.seed, self.shuffle = seed, shuffle
+        self.vocab_size = vocab_size  # token ids must be below it (None: not checked)
         self.n_sequences = max(0, (len(tokens) - 1) // seq_len)
         self.steps_available = self.n_sequences // global_batch
         self.order = FeistelPermutation(self.n_sequences, seed) if shuffle else None  # None: in file order
@@ -268,6 +309,7 @@ class TrainBatches:
         if not 0 <= step < self.steps_available:
             raise IndexError(f"step {step} outside the {self.steps_available} steps the split holds")
         seq = read_sequences(self.tokens, self.sequence_ids(step), self.seq_len)
+        check_ids(seq, self.vocab_size, f"{self.tokens.path}, step {step}")
         out = []
         for k in range(self.accum):
             chunk = seq[k * self.micro_batch:(k + 1) * self.micro_batch]

@@ -14,11 +14,18 @@ evaluator used fp16 autocast; the default here is fp32.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
 from gpt.cli import command, is_rank0, parser_for
 from gpt.loss import PRECISIONS
+
+
+def positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return int(text)
 
 
 def parse_args(argv: list[str] | None):
@@ -27,7 +34,8 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--which", choices=("final", "best", "latest"), default="final",
                         help="which checkpoint of a run (default final: the end of a completed run)")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
-    parser.add_argument("--batch-size", type=int, help="sequences per forward pass (default: train.micro_batch_size)")
+    parser.add_argument("--batch-size", type=positive_int,
+                        help="sequences per forward pass (default: train.micro_batch_size)")
     parser.add_argument("--data", help="token set folder (default: the run's data.path / data.hub_repo)")
     parser.add_argument("--split", help="split (default: the run's data.test_split)")
     parser.add_argument("--offset", type=int, help="first token (default: the run's data.test_offset)")

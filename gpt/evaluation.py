@@ -136,7 +136,7 @@ def evaluate_hf(name: str, d: Dist, like: dict | None = None, options: EvalOptio
         model = load_hf_gpt2(name)
     except Exception as e:  # offline without a cached copy, unknown name: the library's first line
         raise UserError(f"--hf {name}: cannot load: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-    cfg = config_from_dict({"run": {"name": f"hf:{name}"}, "train": {"steps": 1}, "model": vars(model.cfg)})
+    cfg = config_from_dict({"run": {"name": "hf"}, "train": {"steps": 1}, "model": vars(model.cfg)})
     rng, tokens = held_out_range(cfg, override)
     result = evaluate_model(model, rng, tokens, dataclasses.replace(options, batch_size=options.batch_size or 8), d)
     return {"run": f"hf:{name}", "norm_type": cfg.model.norm_type, "seed": None, "checkpoint": name, "step": None,

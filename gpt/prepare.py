@@ -59,6 +59,24 @@ def check_tokenizer(enc: tiktoken.Encoding) -> int:
         raise DataError(f"tokenizer {enc.name} has no <|endoftext|> token to separate documents") from None
 
 
+def remove_abandoned(out: Path) -> None:
+    """Temporary folders of earlier preparations of ``out`` whose process is gone (killed mid-way)."""
+    for tmp in out.parent.glob(f".{out.name}.tmp-*"):
+        pid = tmp.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
 def prepare(source: Source, out: str | Path, enc: tiktoken.Encoding, *, val_tokens: int, test_tokens: int,
             max_tokens: int | None = None, overwrite: bool = False, batch_docs: int = 256,
             threads: int | None = None, progress: bool = True) -> dict:
@@ -70,6 +88,7 @@ def prepare(source: Source, out: str | Path, enc: tiktoken.Encoding, *, val_toke
     if out.exists() and not overwrite:
         raise DataError(f"{out}: already exists; pass --overwrite to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
+    remove_abandoned(out)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()

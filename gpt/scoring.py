@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from gpt.data import TokenRange
+from gpt.data import TokenRange, check_ids
 from gpt.distributed import Dist
 from gpt.loss import cross_entropy
 
@@ -37,7 +37,9 @@ def evaluate_loss(model: torch.nn.Module, rng: TokenRange, dist: Dist, *, seq_le
     model.eval()
     for b in range(dist.rank, n_batches, dist.world_size):
         ids = range(b * batch_size, min((b + 1) * batch_size, n_seq))
-        batch = rng.read(ids, seq_len).to(dist.device, non_blocking=True)  # (b, T + 1)
+        batch = rng.read(ids, seq_len)  # (b, T + 1)
+        check_ids(batch, getattr(getattr(model, "cfg", None), "vocab_size", None), f"{rng.tokens.path}, batch {b}")
+        batch = batch.to(dist.device, non_blocking=True)
         with autocast():
             logits, _ = model(batch[:, :-1])
         sums[b] = cross_entropy(logits, batch[:, 1:], reduction="none").double().sum()

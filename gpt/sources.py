@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from gpt.errors import UserError
+from gpt.errors import UserError, first_line
 
 # Named Hub sources: the 10B-token samples of FineWeb and FineWeb-Edu.
 HUB_PRESETS = {
@@ -136,6 +136,7 @@ def open_source(spec: str, *, seed: int = 0, text_column: str = "text", hub_conf
     import datasets  # heavy; only when preparing data
 
     datasets.disable_progress_bars()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its reasons come back in our one-line errors
     if spec == "shakespeare":
         plays = shakespeare_plays()
         ds = datasets.Dataset.from_dict({"text": [text for _, text in plays]}).shuffle(seed=seed)
@@ -149,8 +150,7 @@ def open_source(spec: str, *, seed: int = 0, text_column: str = "text", hub_conf
         try:
             ds = datasets.load_dataset(preset["repo"], config, split=hub_split, streaming=True)
         except Exception as e:  # offline, unknown repo, unknown config: one line, the library's words
-            raise SourceError(f"{spec}: cannot open {preset['repo']} on the Hub: "
-                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+            raise SourceError(f"{spec}: cannot open {preset['repo']} on the Hub: {first_line(e)}") from None
         columns = ds.column_names
         if columns is not None and text_column not in columns:
             raise SourceError(f"{spec}: no column {text_column!r}; columns: {', '.join(columns)} "
@@ -168,8 +168,10 @@ def open_source(spec: str, *, seed: int = 0, text_column: str = "text", hub_conf
             raise SourceError(f"{p}: empty file")
     try:
         ds = datasets.load_dataset(builder, data_files=[str(p) for p in files], split="train", **kwargs)
-    except Exception as e:
-        raise SourceError(f"{spec}: cannot read as {builder}: {str(e).splitlines()[0]}") from None
+    except Exception as e:  # datasets wraps the real cause (a decode error, a JSON row) in its own error
+        cause = e.__cause__ or e.__context__ or e
+        raise SourceError(f"{spec}: cannot read as {builder}: {type(cause).__name__}: {first_line(cause)}"
+                          + (" (rows count from 0)" if builder == "json" and "row" in str(cause) else "")) from None
     column = "text" if builder == "text" else text_column
     if column not in ds.column_names:
         raise SourceError(f"{spec}: no column {column!r}; columns: {', '.join(ds.column_names)} "

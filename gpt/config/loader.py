@@ -36,9 +36,12 @@ OVERRIDE = "--set"  # the "file" named for keys that came from the command line
 
 def _read_yaml(path: Path) -> dict:
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); a config is a UTF-8 YAML "
+                          "file") from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
     try:

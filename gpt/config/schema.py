@@ -183,6 +183,13 @@ class RunConfig:
     dir: str | None = opt(None, "run directory; null: runs/<run.name>")
     device: str = opt("auto", "auto (cuda when available), cuda or cpu", choices=("auto", "cuda", "cpu"))
 
+    def validate(self, fail) -> None:
+        if self.name in ("", ".", "..") or any(c in self.name for c in "/\\\0"):
+            fail("name", f"{self.name!r} is not a run name: one non-empty folder name without / (the run's "
+                         "folder is runs/<name>; set run.dir for another place)")
+        if self.dir is not None and not self.dir.strip():
+            fail("dir", "empty: give a folder, or null for runs/<run.name>")
+
 
 @dataclass
 class LogConfig:

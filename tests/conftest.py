@@ -28,6 +28,14 @@ def tiny_model_cfg():
 VOCAB = 256
 
 
+def write_meta(folder, n_vocab):
+    """The meta.json prepare_data writes last: the reader takes a .bin set only with it."""
+    import json
+
+    (folder / "meta.json").write_text(json.dumps({"dtype": "uint16", "tokenizer": {"name": "synthetic",
+                                                                                   "n_vocab": n_vocab}}))
+
+
 def write_token_set(folder, n_train=200_000, n_val=20_000, n_test=20_000, seed=0):
     """A learnable synthetic token set over 256 tokens: each token mostly follows from the one before."""
     import numpy as np
@@ -42,6 +50,7 @@ def write_token_set(folder, n_train=200_000, n_val=20_000, n_test=20_000, seed=0
         for i in range(1, n):  # 80%: (7 * previous + 3) mod 256, else random
             tokens[i] = (7 * int(tokens[i - 1]) + 3) % VOCAB if follow[i] else noise[i]
         (folder / f"{split}.bin").write_bytes(tokens.tobytes())
+    write_meta(folder, VOCAB)
     return folder
 
 

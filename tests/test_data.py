@@ -13,7 +13,7 @@ from safetensors.numpy import save_file
 from gpt.config import ConfigError, config_from_dict
 from gpt.data import DataError, TokenFile, TrainBatches, open_split, resolve_data_dir
 
-from conftest import ROOT
+from conftest import ROOT, write_meta
 
 
 @pytest.fixture
@@ -21,6 +21,7 @@ def token_dir(tmp_path):
     """train.bin holding 0, 1, 2, ... (mod 65536), so every token says where it came from."""
     (tmp_path / "train.bin").write_bytes(np.arange(10_000, dtype=np.uint16).tobytes())
     (tmp_path / "val.bin").write_bytes(np.arange(500, dtype=np.uint16).tobytes())
+    write_meta(tmp_path, 1 << 16)
     return tmp_path
 
 
@@ -166,6 +167,7 @@ def test_memory_does_not_grow_with_the_data_set(tmp_path):
         for _ in range(32):
             f.write(block.tobytes())
     assert path.stat().st_size == 1 << 30
+    write_meta(tmp_path, 50257)
     code = textwrap.dedent(f"""
         import resource
         from gpt.data import TrainBatches, open_split

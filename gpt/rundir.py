@@ -136,9 +136,6 @@ class RunDir:
                 dropped.append(number)
         return records
 
-    def latest_checkpoint(self) -> Path | None:
-        return find_checkpoint(self.path) if read_pointer(self.checkpoints, "latest") is not None else None
-
     def checkpoint(self, which: str) -> Path:
         """Checkpoint ``which``: ``best``, ``latest``, or ``final`` (the latest of a completed run)."""
         if which == "final":

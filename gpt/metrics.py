@@ -49,8 +49,9 @@ class Metrics:
         try:
             import wandb
 
-            mode = None  # wandb's own choice: WANDB_MODE, else online
-            if not os.environ.get("WANDB_MODE") and not _has_wandb_credentials():
+            # WANDB_MODE, passed on explicitly: wandb's process-wide settings may have been read before it was set
+            mode = os.environ.get("WANDB_MODE") or None
+            if mode is None and not _has_wandb_credentials():
                 mode = "offline"
                 print("wandb: no credentials (WANDB_API_KEY or `wandb login`); logging offline "
                       f"under {os.environ.get('WANDB_DIR', run.path)}; `wandb sync` uploads it later", file=sys.stderr)

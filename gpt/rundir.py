@@ -171,8 +171,9 @@ class RunDir:
         if resume == "auto":
             return newest_loadable(self.checkpoints, report)
         source = find_checkpoint(resume) if resume is not None else None
-        if source is not None and problem(source) is not None:
-            raise CheckpointError(f"{source}: cannot resume from it: {problem(source)}; choose another checkpoint "
+        damage = problem(source) if source is not None else None
+        if damage is not None:
+            raise CheckpointError(f"{source}: cannot resume from it: {damage}; choose another checkpoint "
                                   "(--resume auto takes the newest one that loads)")
         if self.owns(source):
             return source  # an earlier checkpoint of this very run

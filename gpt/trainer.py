@@ -227,9 +227,7 @@ class Trainer:
         try:
             self.run.write_summary({
                 "status": RUNNING, "pid": os.getpid(), "steps": self.progress.step, "total_steps": self.total_steps,
-                "norm_type": cfg.model.norm_type, "seed": cfg.train.seed,
-                "train_token_range": [cfg.data.train_split, *self.reader.token_range()],
-                "val_token_range": [cfg.data.val_split, self.val.offset, self.val.offset + self.val.n_tokens]})
+                "norm_type": cfg.model.norm_type, "seed": cfg.train.seed, **self.token_ranges()})
         except OSError as e:
             raise UserError(f"cannot write {self.run.summary_file}: {os_reason(e)}; free space or make the run "
                             "directory writable, then rerun") from None
@@ -389,6 +387,12 @@ class Trainer:
             return f"charts not drawn: {os_reason(e)}"
         return None
 
+    def token_ranges(self) -> dict:
+        """The tokens the run reads for training and validation, as the evaluator checks them."""
+        data = self.cfg.data
+        return {"train_token_range": [data.train_split, *self.reader.token_range()],
+                "val_token_range": [data.val_split, self.val.offset, self.val.offset + self.val.n_tokens]}
+
     def summary(self, status: str, reason: str | None) -> dict:
         """What summary.json says of the run (see the README for every field)."""
         cfg, d, p = self.cfg, self.d, self.progress
@@ -403,8 +407,7 @@ class Trainer:
             "norm_type": cfg.model.norm_type, "seed": cfg.train.seed,
             "world_size": d.world_size, "device": device_name(d.device),
             "peak_memory_bytes": peak_memory_bytes(d.device),
-            "train_token_range": [cfg.data.train_split, *self.reader.token_range()],
-            "val_token_range": [cfg.data.val_split, self.val.offset, self.val.offset + self.val.n_tokens],
+            **self.token_ranges(),
             "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__},
         }
 

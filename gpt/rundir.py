@@ -241,7 +241,7 @@ class RunLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+            holder = _read_holder(fd)
             os.close(fd)
             raise RunBusyError(f"{run_path} is in use by another trainer (PID {holder}); wait for it to end or "
                                "stop it, or choose another run.name") from None
@@ -260,6 +260,17 @@ class RunLock:
             pass
         os.close(self.fd)  # closing the descriptor releases the flock
         self.fd = None
+
+
+def _read_holder(fd: int, patience: float = 2.0) -> str:
+    """The lock holder's "PID on host". The holder writes it just after taking the lock, so a
+    second trainer that arrives in between waits for it briefly rather than report "unknown"."""
+    deadline = time.monotonic() + patience
+    while True:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
+        if holder or time.monotonic() > deadline:
+            return holder or "unknown"
+        time.sleep(0.01)
 
 
 def find_checkpoint(path: str | Path, which: str = "latest") -> Path:

@@ -114,6 +114,23 @@ def test_two_trainers_on_one_run_directory(train_yaml, tmp_path):
     assert json.loads((tmp_path / "busy" / "summary.json").read_text())["status"] == "interrupted"
 
 
+def test_a_second_trainer_between_the_holders_lock_and_its_pid_still_names_it(tmp_path):
+    # The holder takes the flock, then writes "PID on host": a second trainer arriving in
+    # between waits for the name instead of reporting "PID unknown" (a race CI once hit).
+    import fcntl
+    import threading
+    run = RunDir(tmp_path / "race")
+    run.path.mkdir()
+    fd = os.open(run.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # locked, nothing written yet
+    threading.Timer(0.2, os.pwrite, (fd, b"4242 on elsewhere\n", 0)).start()
+    with pytest.raises(UserError) as err:
+        run.lock()
+    assert str(err.value) == (f"{run.path} is in use by another trainer (PID 4242 on elsewhere); wait for it to "
+                              "end or stop it, or choose another run.name")
+    os.close(fd)
+
+
 @pytest.mark.parametrize("name", ["", ".", "..", "../x", "a/b"])
 def test_a_run_name_is_one_folder_name(train_yaml, tmp_path, name):
     runs = tmp_path / "runs"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -165,6 +166,19 @@ def _meta_dtype(data_dir: Path) -> str:
     return meta.get("dtype", "uint16") if meta else "uint16"
 
 
+def write_random_set(folder: Path, n_tokens: int, vocab_size: int, seed: int = 0) -> Path:
+    """A set whose every split is ``n_tokens`` uniformly random ids below ``vocab_size``: the
+    benchmark's data where no prepared set is at hand (speed does not depend on the ids)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    dtype = "uint16" if vocab_size <= 1 << 16 else "uint32"
+    for split in ("train", "val", "test"):
+        (folder / f"{split}.bin").write_bytes(rng.integers(0, vocab_size, n_tokens, dtype=dtype).tobytes())
+    (folder / META_FILE).write_text(json.dumps({"source": "random", "dtype": dtype,
+                                                "tokenizer": {"name": "random", "n_vocab": vocab_size}}) + "\n")
+    return folder
+
+
 def check_vocabulary(data_dir: Path, vocab_size: int) -> None:
     """Refuse a prepared set whose tokenizer has more tokens than the model's vocabulary."""
     meta = read_meta(data_dir) or {}
@@ -274,7 +288,7 @@ class TrainBatches:
 
     def __init__(self, tokens: TokenFile, seq_len: int, micro_batch: int, global_batch: int,
                  rank: int = 0, world_size: int = 1, seed: int = 0, shuffle: bool = True,
-                 vocab_size: int | None = None):
+                 vocab_size: int | None = None, prefetch: bool = False, pin_memory: bool = False):
         if global_batch % (micro_batch * world_size):
             raise DataError(f"global batch {global_batch} is not a multiple of micro-batch {micro_batch} "
                             f"x world size {world_size}")
@@ -288,6 +302,10 @@ class TrainBatches:
         self.steps_available = self.n_sequences // global_batch
         self.order = FeistelPermutation(self.n_sequences, seed) if shuffle else None  # None: in file order
         self.step = 0  # the next global step to read
+        self.pin_memory = pin_memory  # batches in page-locked memory: a non_blocking copy to the GPU does not wait
+        # one background thread reads the step after the one being trained on; os.pread releases the GIL
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="prefetch") if prefetch else None
+        self._ahead: tuple[int, Future] | None = None  # (step, its batches being read)
 
     def check_capacity(self, steps: int) -> None:
         """Refuse, before training, a run that needs more sequences than the split has."""
@@ -313,13 +331,25 @@ class TrainBatches:
         out = []
         for k in range(self.accum):
             chunk = seq[k * self.micro_batch:(k + 1) * self.micro_batch]
-            out.append((chunk[:, :-1], chunk[:, 1:]))  # inputs, next-token targets
+            x, y = chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()  # inputs, next-token targets
+            out.append((x.pin_memory(), y.pin_memory()) if self.pin_memory else (x, y))
         return out
 
     def next_step(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        out = self.batches(self.step)
+        """This rank's micro-batches of step ``self.step``; with prefetch, the next step is read meanwhile.
+        A problem with the data (a token id out of range) is raised here, for the step it belongs to."""
+        ahead, self._ahead = self._ahead, None
+        out = ahead[1].result() if ahead is not None and ahead[0] == self.step else self.batches(self.step)
         self.step += 1
+        if self._pool is not None and self.step < self.steps_available:
+            self._ahead = (self.step, self._pool.submit(self.batches, self.step))
         return out
+
+    def close(self) -> None:
+        """Stop the prefetch thread (a step read ahead is dropped)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool, self._ahead = None, None
 
     def token_range(self) -> tuple[int, int]:
         """The tokens ``[start, end)`` of the split that training sequences can touch."""

@@ -89,13 +89,16 @@ class GPT(nn.Module):
         self.cfg = cfg
         # Construction draws (nn.Linear's default init) are overwritten by init_weights;
         # fork_rng keeps them from advancing the global RNG that dropout uses later.
+        # vocab_pad_multiple pads the head (and a tied embedding) with rows past vocab_size: they start
+        # at zero, no token id reaches them, and forward drops their logits
+        rows = cfg.padded_vocab_size
         with torch.random.fork_rng(devices=[]):
-            self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)  # token embeddings
+            self.wte = nn.Embedding(rows if cfg.tie_weights else cfg.vocab_size, cfg.d_model)  # token embeddings
             self.wpe = nn.Embedding(cfg.context_length, cfg.d_model)  # learned positions
             self.drop = nn.Dropout(cfg.dropout)
             self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
             self.ln_f = make_norm(cfg)  # the norm before the output head
-            self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+            self.lm_head = nn.Linear(cfg.d_model, rows, bias=False)
         if cfg.tie_weights:
             self.lm_head.weight = self.wte.weight
         self.init_weights(seed)
@@ -131,6 +134,9 @@ class GPT(nn.Module):
                 done.add(id(p))
                 name = f"{mname}.{pname}"
                 g = torch.Generator(device=p.device).manual_seed(param_seed(seed, name))
+                if p.shape[0] > self.cfg.vocab_size and name in ("wte.weight", "lm_head.weight"):
+                    p[self.cfg.vocab_size:] = 0.0  # padding rows: drawn for no one, so the real rows
+                    p = p[:self.cfg.vocab_size]  # are what an unpadded model draws
                 if isinstance(module, nn.Embedding):
                     nn.init.normal_(p, 0.0, std if gpt2 else 1.0, generator=g)
                 elif isinstance(module, nn.Linear) and pname == "weight":
@@ -151,10 +157,21 @@ class GPT(nn.Module):
     # --------------------------------------------------------------- forward
 
     def num_params(self, norms: bool = True) -> int:
-        """Parameter count, a tied weight counted once. ``norms=False`` leaves out the norm layers:
+        """Parameter count, a tied weight counted once, vocabulary padding not at all. ``norms=False`` leaves out the norm layers:
         the count that sets a run's length (``train.tokens_per_param``), the same for every norm type."""
         skip = set() if norms else self.norm_parameter_names()
-        return sum(p.numel() for name, p in self.named_parameters() if name not in skip)
+        padding = (self.cfg.padded_vocab_size - self.cfg.vocab_size) * self.cfg.d_model  # rows that predict nothing
+        return sum(p.numel() for name, p in self.named_parameters() if name not in skip) - padding
+
+    def flops_per_token(self) -> int:
+        """Training FLOPs per token of the model's matmuls (forward + backward):
+        6 x (weights of every linear layer, the output head included, its vocabulary padding not;
+        the two embeddings are lookups) + 12 x n_layers x context_length x d_model (attention's
+        scores and weighted sum at full context, causal masking not discounted, as in PaLM)."""
+        c = self.cfg
+        matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+        matmul -= (c.padded_vocab_size - c.vocab_size) * c.d_model
+        return 6 * matmul + 12 * c.n_layers * c.context_length * c.d_model
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         """idx (B, T) token ids -> logits (B, T, V), and the mean cross-entropy if targets (B, T)."""
@@ -165,6 +182,8 @@ class GPT(nn.Module):
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
         for block in self.blocks:
             x = block(x)
-        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, V), or (B, T, padded V)
+        if logits.shape[-1] > self.cfg.vocab_size:
+            logits = logits[..., :self.cfg.vocab_size]  # padded logits are never predicted nor scored
         loss = cross_entropy(logits, targets) if targets is not None else None
         return logits, loss

@@ -46,7 +46,9 @@ class Throughput:
     def _mark(self, step: int) -> Mark:
         return Mark(time.perf_counter(), step, self.paused_seconds)
 
-    def _rate(self, since: Mark, now: Mark) -> float:
+    def _rate(self, since: Mark, now: Mark) -> float | None:
+        if now.step == since.step:
+            return None  # no step timed in between
         seconds = now.time - since.time - (now.paused - since.paused)
         return (now.step - since.step) * self.tokens_per_step / max(seconds, 1e-9)
 
@@ -66,12 +68,18 @@ class Throughput:
         finally:
             self.paused_seconds += time.perf_counter() - began
 
+    def restart(self, step: int) -> None:
+        """Measure the next rate from now, ``step`` steps done: the steps before (a first step that
+        compiled the model) count in the wall time but in no rate."""
+        self._last = self._mark(step)
+
     def step_done(self, step: int) -> None:
         if self._steady is None and step >= self._steady_from:
             self._steady = self._mark(step)
 
-    def since_last_log(self, step: int) -> float:
-        """Tokens/s since the previous call (or the start); the next call measures from now."""
+    def since_last_log(self, step: int) -> float | None:
+        """Tokens/s since the previous call (or the start; None: no step since); the next call measures
+        from now."""
         now = self._mark(step)
         rate, self._last = self._rate(self._last, now), now
         return rate

@@ -24,6 +24,7 @@ import os
 import platform
 import random
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from gpt.config import Config, dump_config, load_config
 from gpt.data import DataError, TokenRange, TrainBatches, check_vocabulary, open_split, resolve_data_dir
 from gpt.distributed import Dist, device_name, peak_memory_bytes, setup
 from gpt.errors import UserError, os_reason
+from gpt.fastpath import apply_tf32, resolve
 from gpt.loss import autocast_for
 from gpt.metrics import Metrics
 from gpt.model import GPT
@@ -95,9 +97,12 @@ class Trainer:
         self.cfg, self.d = cfg, d
         self.run = RunDir(cfg.run_dir)
         self.config_yaml = dump_config(cfg)  # written beside the run and into every checkpoint
+        self.fast = resolve(cfg.train, d.device)  # precision, compile, TF32, prefetch as they apply here
+        self.first_step_seconds: float | None = None  # this process's first step: compiling, warming up
         self.progress = Progress()
         self.last_train_loss: float | None = None
         self.lock = None  # rank 0's hold on the run directory, from preflight to the end
+        self.resume_from: Path | None = None  # the checkpoint to continue from (preflight chooses it)
 
     # ------------------------------------------------------------ before the loop
 
@@ -139,9 +144,15 @@ class Trainer:
             raise DataError(f"data.val_tokens {cfg.data.val_tokens} holds no sequence of "
                             f"model.context_length + 1 = {cfg.model.context_length + 1} tokens")
         self.val.check_ids(cfg.model.vocab_size)  # the whole range, now, rather than at the first validation
+        self.open_reader(data_dir)
+
+    def open_reader(self, data_dir: Path) -> None:
+        """The training reader of this rank, reading ahead where the fast path says so."""
+        cfg, d, t = self.cfg, self.d, self.cfg.train
         self.reader = TrainBatches(open_split(data_dir, cfg.data.train_split), cfg.model.context_length,
                                    t.micro_batch_size, t.global_batch_size, rank=d.rank, world_size=d.world_size,
-                                   seed=t.seed, shuffle=cfg.data.shuffle, vocab_size=cfg.model.vocab_size)
+                                   seed=t.seed, shuffle=cfg.data.shuffle, vocab_size=cfg.model.vocab_size,
+                                   prefetch=self.fast.prefetch, pin_memory=self.fast.pin_memory)
 
     def build(self) -> None:
         """Seed, build the model, optimizer, grad scaler; load the checkpoint resumed from."""
@@ -159,10 +170,12 @@ class Trainer:
                             f"{self.warmup:,} warmup steps, the whole run: the learning rate would never decay; "
                             "lower optim.warmup_frac or train for more steps")
         self.reader.check_capacity(self.total_steps)
+        if d.device.type == "cuda":
+            apply_tf32(self.fast.tf32)
         self.model.to(d.device)
         self.params = list(self.model.parameters())
         self.optimizer = make_optimizer(self.model, cfg.optim)
-        self.scaler = torch.amp.GradScaler(d.device.type, enabled=t.precision == "fp16")
+        self.scaler = torch.amp.GradScaler(d.device.type, enabled=self.fast.precision == "fp16")
         if self.resume_from is not None:
             load_weights(self.model, self.resume_from)
             self.load_state_dict(load_state(self.resume_from))
@@ -194,17 +207,22 @@ class Trainer:
         rngs = state["rng"]  # a run resumed on more ranks than it had: the new ones take rank 0's
         set_rng_state(rngs[self.d.rank] if self.d.rank < len(rngs) else rngs[0])
 
-    def start(self) -> None:
-        """Set the run directory up (rank 0), wrap the model for DDP / compile, open the sinks."""
-        cfg, d, p = self.cfg, self.d, self.progress
-        for note in d.on_main(self.start_run_dir):
-            print(note, file=sys.stderr)
+    def prepare_step(self) -> None:
+        """Wrap the model for DDP and torch.compile, and choose the autocast: what ``train_step`` runs."""
+        d = self.d
         self.net: torch.nn.Module = self.model
         if d.enabled:
             self.net = DDP(self.model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
-        if cfg.train.compile:
+        if self.fast.compile:
             self.net = torch.compile(self.net)
-        self.autocast = autocast_for(cfg.train.precision, d.device)
+        self.autocast = autocast_for(self.fast.precision, d.device)
+
+    def start(self) -> None:
+        """Set the run directory up (rank 0), prepare the step, open the sinks."""
+        cfg, d, p = self.cfg, self.d, self.progress
+        for note in d.on_main(self.start_run_dir):
+            print(note, file=sys.stderr)
+        self.prepare_step()
         self.metrics = Metrics(self.run, cfg) if d.is_main else None
         self.window = LossWindow(d.device)
         self.divergence = Divergence(d.device, step=p.step, total=p.nonfinite_total, consecutive=p.nonfinite_run,
@@ -235,6 +253,8 @@ class Trainer:
 
     def release(self) -> None:
         """Let the run directory go (a killed process lets go too: the kernel drops its lock)."""
+        if getattr(self, "reader", None) is not None:
+            self.reader.close()
         if self.lock is not None:
             self.lock.release()
             self.lock = None
@@ -249,7 +269,8 @@ class Trainer:
             while p.step < self.total_steps:
                 lr = self.lr_at(p.step)
                 set_lr(self.optimizer, lr)
-                loss_sum, grad_norm, skipped = self.train_step()
+                loss_sum, grad_norm, skipped = self.first_step() if self.first_step_seconds is None \
+                    else self.train_step()
                 self.divergence.record(skipped)
                 self.window.add(loss_sum, self.reader.accum)
                 p.step += 1
@@ -310,6 +331,20 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return loss_sum, grad_norm, skipped
 
+    def first_step(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This process's first step, timed apart and left out of tokens/s: it compiles the model
+        (train.compile) and warms up kernels and allocators."""
+        self.d.synchronize()
+        began = time.perf_counter()
+        out = self.train_step()
+        self.d.synchronize()
+        self.first_step_seconds = time.perf_counter() - began
+        self.throughput.restart(self.progress.step + 1)
+        if self.fast.compile and self.d.is_main:
+            self.bar.write(f"torch.compile: the first step took {self.first_step_seconds:.1f} s (compiling); "
+                           "tokens/s leaves it out", file=sys.stderr)
+        return out
+
     def should_log(self, step: int) -> bool:
         return step % self.cfg.log.log_every == 0 or step == self.total_steps or step == 1
 
@@ -329,7 +364,7 @@ class Trainer:
         mean_loss = self.window.take(d.all_sum)
         rate = self.throughput.since_last_log(p.step)
         self.last_train_loss = mean_loss
-        self.bar.set_postfix(loss=f"{mean_loss:.4f}", tok_s=f"{rate:,.0f}", refresh=False)
+        self.bar.set_postfix(loss=f"{mean_loss:.4f}", tok_s="-" if rate is None else f"{rate:,.0f}", refresh=False)
         return {"step": p.step, "tokens": p.tokens, "train_loss": mean_loss, "train_loss_last": last, "lr": lr,
                 "grad_norm": float(grad_norm), "tokens_per_s": rate, "elapsed_s": p.elapsed + self.throughput.seconds()}
 
@@ -405,6 +440,8 @@ class Trainer:
             "diverged_at_step": self.diverged_at if status == DIVERGED else None,
             "n_params": self.n_params, "n_params_outside_norms": self.model.num_params(norms=False),
             "norm_type": cfg.model.norm_type, "seed": cfg.train.seed,
+            "precision": self.fast.precision, "compile": self.fast.compile,
+            "first_step_seconds": self.first_step_seconds,
             "world_size": d.world_size, "device": device_name(d.device),
             "peak_memory_bytes": peak_memory_bytes(d.device),
             **self.token_ranges(),

@@ -67,6 +67,24 @@ def test_write_up_shape_exports_to_transformers():
         assert torch.equal(back[name], tensor), name
 
 
+@pytest.mark.parametrize("tie", [False, True])
+def test_a_padded_vocabulary_exports_without_its_padding_and_loads_back(tie):
+    hf_ref = random_hf_model(tie_word_embeddings=tie)
+    cfg = model_config_from_hf(hf_ref.config)
+    cfg.vocab_pad_multiple = 64  # 101 tokens -> 128 rows of the head
+    model = GPT(cfg, seed=3).eval()
+    assert model.lm_head.weight.shape == (128, 48) and model.wte.weight.shape[0] == (128 if tie else 101)
+    hf = GPT2LMHeadModel(GPT2Config(**hf_config_kwargs(cfg))).eval()
+    hf.load_state_dict(state_dict_to_hf(model.state_dict(), cfg))
+    assert hf.lm_head.weight.shape == (101, 48)
+    idx = tokens(2)
+    with torch.no_grad():
+        assert (model(idx)[0] - hf(idx).logits).abs().max().item() <= 1e-5
+    back = state_dict_from_hf(hf.state_dict(), cfg)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(back[name], tensor), name  # the padding rows come back as the zeros they are
+
+
 def test_rmsnorm_models_do_not_pretend_to_be_gpt2():
     cfg = model_config_from_hf(random_hf_model().config, norm_type="pytorch_rmsnorm")
     with pytest.raises(ValueError, match="'pytorch_rmsnorm' has no GPT2LMHeadModel equivalent"):

@@ -25,7 +25,8 @@ from gpt.schedule import SCHEDULES
 # config is refused (gpt.checkpoint.check_same_experiment). data.path and friends name where
 # the tokens are; the reader's own state checks that they are the same tokens.
 RESUMABLE = ("run.", "log.", "hub.", "data.path", "data.hub_repo", "data.hub_revision",
-             "train.eval_every", "train.checkpoint_every", "train.keep_last", "train.compile")
+             "train.eval_every", "train.checkpoint_every", "train.keep_last", "train.compile", "train.tf32",
+             "train.prefetch")
 
 
 class _Required:
@@ -68,6 +69,14 @@ class ModelConfig:
                     "gpt2: normal(0, 0.02), residual projections / sqrt(2 * n_layers)",
                     choices=("pytorch", "gpt2"))
     init_seed: int | None = opt(None, "seed of the initial weights; null: use train.seed", ge=0)
+    vocab_pad_multiple: int = opt(1, "pad the output head to a multiple of this many rows (64: faster "
+                                  "matmuls; padded logits are dropped before the loss, never predicted); 1: none",
+                                  ge=1)
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the output head (and of a tied embedding): vocab_size rounded up to vocab_pad_multiple."""
+        return -(-self.vocab_size // self.vocab_pad_multiple) * self.vocab_pad_multiple
 
     def validate(self, fail) -> None:
         if self.d_model % self.n_heads:
@@ -151,9 +160,12 @@ class TrainConfig:
     tokens_per_param: float | None = opt(None, "train for this many tokens per parameter outside the norm "
                                          "layers (20: Chinchilla-optimal); the same length for every norm type",
                                          gt=0)
-    precision: str = opt("fp32", "fp32, bf16 (autocast) or fp16 (autocast + grad scaling, the write-up)",
-                         choices=PRECISIONS)
-    compile: bool = opt(False, "wrap the model in torch.compile")
+    precision: str = opt("auto", "fp32, bf16 (autocast), fp16 (autocast + grad scaling, the write-up), or "
+                         "auto: bf16 on a GPU that has it, else fp32", choices=("auto",) + PRECISIONS)
+    compile: bool | None = opt(None, "wrap the model in torch.compile; null: on a CUDA GPU, off on the CPU")
+    tf32: bool = opt(True, "CUDA: fp32 matmuls in TF32 (the parts autocast leaves in fp32); no effect on the CPU")
+    prefetch: bool = opt(True, "read the next step's batches in a background thread while this step runs "
+                         "(into pinned memory on CUDA)")
     eval_every: int = opt(500, "measure the validation loss every this many steps (and at the end)", ge=1)
     checkpoint_every: int = opt(617, "write a checkpoint every this many steps (and at the end)", ge=1)
     keep_last: int = opt(2, "checkpoints kept besides the best one", ge=1)

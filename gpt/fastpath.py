@@ -1,0 +1,58 @@
+"""The fast path: what each speed option of ``train`` resolves to on this device.
+
+On a CUDA GPU every option is on unless the config turns it off: bf16 autocast
+(``precision: auto``), ``torch.compile`` (``compile: null``), TF32 for the matmuls left
+in fp32, batches read one step ahead into pinned memory. Fused AdamW and flash attention
+(``scaled_dot_product_attention`` picks the flash kernel for bf16 / fp16 causal
+attention) need no switch. On the CPU each GPU-only option is skipped: the step computes
+the same function, only slower.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class FastPath:
+    """The speed options as they apply on one device (see ``resolve``)."""
+
+    precision: str  # fp32, bf16 or fp16: train.precision with auto decided
+    compile: bool  # torch.compile the model
+    tf32: bool  # fp32 matmuls in TF32 (CUDA only)
+    prefetch: bool  # read step s + 1's batches in a background thread during step s
+    pin_memory: bool  # batches land in pinned memory, so host-to-device copies do not wait (CUDA only)
+
+    def describe(self) -> str:
+        on = [name for name in ("compile", "tf32", "prefetch", "pin_memory") if getattr(self, name)]
+        return f"{self.precision}, " + (", ".join(on) if on else "no fast-path options")
+
+
+def auto_precision(device: torch.device) -> str:
+    """``precision: auto``: bf16 on a GPU with bf16 arithmetic, else fp32."""
+    return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+
+
+def resolve(train, device: torch.device) -> FastPath:
+    """The fast path of a ``TrainConfig`` on ``device``."""
+    cuda = device.type == "cuda"
+    return FastPath(
+        precision=auto_precision(device) if train.precision == "auto" else train.precision,
+        compile=cuda if train.compile is None else train.compile,
+        tf32=cuda and train.tf32,
+        prefetch=train.prefetch,
+        pin_memory=cuda and train.prefetch,
+    )
+
+
+def apply_tf32(enabled: bool) -> None:
+    """Let CUDA fp32 matmuls and convolutions use TF32 (or not). Process-wide, as torch has it."""
+    mode = "tf32" if enabled else "ieee"
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch >= 2.9
+        torch.backends.cuda.matmul.fp32_precision = mode
+        torch.backends.cudnn.conv.fp32_precision = mode
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+        torch.backends.cudnn.allow_tf32 = enabled

@@ -1,0 +1,95 @@
+"""The fast path: every speed option computes the same function, and resolves as documented.
+
+Each option is trained off and on from the same config; the per-step losses must agree
+within the precision's tolerance. The GPU-only options (TF32, pinned memory, the CUDA
+kernels) are in tests/test_cuda.py.
+"""
+
+import json
+
+import pytest
+import torch
+
+from gpt.config import load_config
+from gpt.fastpath import resolve
+from gpt.monitors import Throughput
+from gpt.trainer import train
+
+
+def losses(train_yaml, tmp_path, name, *overrides):
+    cfg = load_config(train_yaml(name), ["train.steps=8", "train.eval_every=8", "train.checkpoint_every=8",
+                                         *overrides])
+    summary = train(cfg)
+    assert summary["status"] == "completed"
+    records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 9))
+    return [r["train_loss_last"] for r in records], summary
+
+
+def test_the_fast_path_on_the_cpu_skips_the_gpu_only_options():
+    t = load_config_train(precision="auto", compile=None)
+    assert resolve(t, torch.device("cpu")) == type(resolve(t, torch.device("cpu")))(
+        precision="fp32", compile=False, tf32=False, prefetch=True, pin_memory=False)
+
+
+def test_the_fast_path_on_a_gpu_turns_every_option_on(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    fast = resolve(load_config_train(precision="auto", compile=None), torch.device("cuda", 0))
+    assert (fast.precision, fast.compile, fast.tf32, fast.prefetch, fast.pin_memory) == ("bf16", True, True, True, True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)  # a V100: no bf16 arithmetic
+    assert resolve(load_config_train(precision="auto"), torch.device("cuda", 0)).precision == "fp32"
+    off = resolve(load_config_train(precision="fp16", compile=False, tf32=False, prefetch=False), torch.device("cuda"))
+    assert (off.precision, off.compile, off.tf32, off.prefetch, off.pin_memory) == ("fp16", False, False, False, False)
+
+
+def load_config_train(**train):
+    from gpt.config import TrainConfig
+    return TrainConfig(steps=1, **train)
+
+
+def test_auto_precision_on_the_cpu_is_fp32_to_the_bit(train_yaml, tmp_path):
+    fp32, _ = losses(train_yaml, tmp_path, "fp32")
+    auto, summary = losses(train_yaml, tmp_path, "auto", "train.precision=auto")
+    assert auto == fp32 and summary["precision"] == "fp32" and summary["compile"] is False
+
+
+def test_prefetching_reads_the_same_batches(train_yaml, tmp_path):
+    on, summary = losses(train_yaml, tmp_path, "ahead")  # prefetch is on by default
+    off, _ = losses(train_yaml, tmp_path, "in-step", "train.prefetch=false")
+    assert on == off  # bit for bit: the same batches in the same order
+    assert summary["first_step_seconds"] > 0
+
+
+def test_a_padded_vocabulary_computes_the_same_function(train_yaml, tmp_path):
+    plain, _ = losses(train_yaml, tmp_path, "plain")
+    padded, summary = losses(train_yaml, tmp_path, "padded", "model.vocab_pad_multiple=96")  # 256 -> 288 rows
+    assert padded == pytest.approx(plain, rel=1e-5)
+    assert summary["n_params"] == train(load_config(train_yaml("again"), ["train.steps=1"]))["n_params"]
+
+
+def test_bf16_autocast_computes_the_same_function_within_bf16_tolerance(train_yaml, tmp_path):
+    fp32, _ = losses(train_yaml, tmp_path, "fp32")
+    bf16, summary = losses(train_yaml, tmp_path, "bf16", "train.precision=bf16")
+    assert summary["precision"] == "bf16"
+    assert bf16 == pytest.approx(fp32, rel=2e-2)
+    assert bf16 != fp32  # autocast did run in bf16
+
+
+@pytest.mark.slow
+def test_torch_compile_computes_the_same_function(train_yaml, tmp_path, capfd):
+    eager, _ = losses(train_yaml, tmp_path, "eager")
+    compiled, summary = losses(train_yaml, tmp_path, "compiled", "train.compile=true", "log.progress=true")
+    assert compiled == pytest.approx(eager, rel=1e-4)
+    assert summary["compile"] is True and summary["first_step_seconds"] > 1.0  # it compiled
+    err = capfd.readouterr().err
+    assert f"torch.compile: the first step took {summary['first_step_seconds']:.1f} s (compiling)" in err
+
+
+def test_the_first_step_counts_in_wall_time_but_in_no_rate():
+    th = Throughput(step=0, total_steps=100, tokens_per_step=10)
+    th.start -= 50.0  # a first step that compiled for 50 s
+    th.restart(1)
+    assert th.since_last_log(1) is None  # no step timed since the restart
+    th._last = th._last.__class__(th._last.time - 2.0, th._last.step, th._last.paused)
+    assert th.since_last_log(3) == pytest.approx(2 * 10 / 2.0, rel=1e-2)  # 2 steps in 2 s, not in 52
+    assert th.seconds() >= 50.0

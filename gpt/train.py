@@ -1,6 +1,7 @@
 """Train a GPT from a YAML config.
 
     python train.py CONFIG [--set KEY=VALUE ...] [--resume auto|PATH] [--overwrite] [--dry-run]
+    python train.py CONFIG --find-micro-batch              # the largest micro-batch this GPU holds
     torchrun --nproc_per_node=8 train.py CONFIG ...          # DDP, one GPU per process
     python -m gpt.train CONFIG ...   /   gpt-train CONFIG ...  # the same, from anywhere
 
@@ -32,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true",
                         help="start over in a run directory that holds a run (the old one is moved aside)")
     parser.add_argument("--dry-run", action="store_true", help="build the model, report it and stop")
+    parser.add_argument("--find-micro-batch", action="store_true",
+                        help="find the largest micro-batch that fits in this GPU's memory (bisecting with real "
+                             "steps) and print the accumulation it implies; trains nothing")
     parser.add_argument("--print-config", action="store_true", help="print the fully resolved config as YAML")
     parser.add_argument("--help-config", action="store_true", help="list every config key with its default and doc")
     args = parser.parse_args(argv)
@@ -44,6 +48,16 @@ def main(argv: list[str] | None = None) -> int:
         from gpt.summary import model_summary
 
         print(model_summary(cfg, GPT(cfg.model, seed=cfg.init_seed)))
+        return 0
+    if args.find_micro_batch:
+        from gpt.benchmark import find_micro_batch
+        from gpt.distributed import setup
+
+        d = setup(cfg.run.device)
+        try:
+            print(find_micro_batch(cfg, d))
+        finally:
+            d.close()
         return 0
     from gpt.rundir import EXIT_CODES
     from gpt.trainer import train

@@ -13,7 +13,7 @@ PACKAGE = ROOT / "gpt"
 # Lowest first. A module may import only modules of a lower layer (the README's Layout section
 # draws the same map). A new module must be placed here: the test names it until it is.
 LAYERS = [
-    ["errors", "norms", "schedule", "loss", "plots", "monitors", "stats", "rng"],  # nothing from gpt/ but errors
+    ["errors", "norms", "schedule", "loss", "plots", "monitors", "stats", "rng", "fastpath", "speed"],  # nothing from gpt/ but errors
     ["config.schema", "tokenizer", "distributed", "data", "sources"],
     ["config.loader"],
     ["config"],
@@ -21,8 +21,8 @@ LAYERS = [
     ["hf", "summary", "rundir"],
     ["metrics"],
     ["trainer", "evaluation", "comparison"],  # siblings: none of them imports another
-    ["grid"],
-    ["train", "evaluate", "compare", "sweep", "prepare_data", "demo", "bench_norms"],  # the commands
+    ["grid", "benchmark"],
+    ["train", "evaluate", "compare", "sweep", "prepare_data", "demo", "bench"],  # the commands
 ]
 RUN_DIR_FILES = {"config.yaml", "metrics.jsonl", "summary.json", "wandb_id.txt", "checkpoints"}
 MAX_FUNCTION_LINES = 60

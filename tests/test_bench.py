@@ -1,0 +1,151 @@
+"""The benchmark: FLOPs and MFU arithmetic, its rows, the micro-batch search."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from gpt.benchmark import fits_in_memory, largest_fitting, micro_batch_plan, with_ratios
+from gpt.config import ModelConfig, load_config
+from gpt.distributed import Dist
+from gpt.model import GPT
+from gpt.speed import mfu, peak_tflops, percentile, step_stats
+
+from conftest import CONFIGS, ROOT
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+STEP_FIELDS = {"mode", "config", "norm_type", "compile", "precision", "device", "world_size", "micro_batch",
+               "global_batch", "tokens_per_step", "steps", "warmup", "data", "tokens_per_s", "ms_per_step", "ms_p10",
+               "ms_p90", "flops_per_token", "mfu", "peak_tflops", "peak_memory_bytes", "first_step_s", "compile_s",
+               "time_vs_handrolled_layernorm"}
+
+
+def test_flops_per_token_of_gpt2_small_by_hand():
+    # 12 blocks of qkv (768 x 2304), proj (768 x 768), fc (768 x 3072), proj (3072 x 768), and the
+    # head (768 x 50257); the embeddings are lookups. Attention: 12 x 12 x 1024 x 768.
+    per_block = 768 * 2304 + 768 * 768 + 768 * 3072 + 3072 * 768
+    by_hand = 6 * (12 * per_block + 768 * 50257) + 12 * 12 * 1024 * 768
+    assert by_hand == 854_438_400  # the issue's "about 0.85 GFLOP"
+    assert GPT(load_config(CONFIGS / "gpt2-small.yaml").model).flops_per_token() == by_hand
+
+
+def test_flops_per_token_leaves_out_biases_and_vocabulary_padding():
+    cfg = dict(vocab_size=100, context_length=8, d_model=16, n_layers=1, n_heads=2, qkv_bias=True)
+    by_hand = 6 * (16 * 48 + 16 * 16 + 16 * 64 + 64 * 16 + 16 * 100) + 12 * 1 * 8 * 16
+    assert GPT(ModelConfig(**cfg)).flops_per_token() == by_hand
+    assert GPT(ModelConfig(**cfg, vocab_pad_multiple=64)).flops_per_token() == by_hand
+
+
+def test_mfu_uses_the_named_chip_or_none():
+    assert peak_tflops("NVIDIA H100 80GB HBM3") == 989.4
+    assert peak_tflops("NVIDIA H100 PCIe") == 756.0
+    assert peak_tflops("NVIDIA H200") == 989.4
+    assert peak_tflops("NVIDIA A100-SXM4-40GB") == 312.0
+    assert peak_tflops("NVIDIA GeForce RTX 4090") is None  # never another chip's peak
+    assert peak_tflops("cpu") is None
+    # 500k tokens/s of 0.854 GFLOP on one H100 SXM: 43%
+    assert mfu(854_438_400, 500_000, 989.4) == pytest.approx(0.4318, abs=1e-4)
+    assert mfu(854_438_400, 8 * 500_000, 989.4, n_devices=8) == pytest.approx(0.4318, abs=1e-4)
+    assert mfu(854_438_400, 500_000, None) is None
+
+
+def test_step_statistics():
+    assert percentile([4.0, 1.0, 3.0, 2.0, 5.0], 50) == 3.0
+    assert percentile([1.0, 2.0], 10) == pytest.approx(1.1)
+    assert step_stats([0.010, 0.012, 0.011]) == pytest.approx({"ms_per_step": 11.0, "ms_p10": 10.2, "ms_p90": 11.8})
+
+
+def test_ratios_are_to_hand_rolled_layernorm_of_the_same_compile_setting():
+    rows = with_ratios([{"norm_type": n, "compile": c, "ms_per_step": ms} for n, c, ms in [
+        ("handrolled_layernorm", False, 100.0), ("pytorch_layernorm", False, 90.0),
+        ("handrolled_layernorm", True, 50.0), ("pytorch_layernorm", True, 49.0), ("dyt", None, 1.0)]])
+    assert [r["time_vs_handrolled_layernorm"] for r in rows] == [1.0, 0.9, 1.0, 0.98, None]
+
+
+@pytest.mark.slow
+def test_bench_json_rows_hold_every_field():
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), str(CONFIGS / "tiny.yaml"), "--json",
+                          "--data", "synthetic", "--steps", "3", "--warmup", "1",
+                          "--norm-types", "handrolled_layernorm", "pytorch_rmsnorm"],
+                         capture_output=True, text=True, env=ENV, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["norm_type"] for r in rows] == ["handrolled_layernorm", "pytorch_rmsnorm"]
+    for r in rows:
+        assert set(r) == STEP_FIELDS
+        assert r["tokens_per_s"] == pytest.approx(1024 / (r["ms_per_step"] / 1e3), rel=0.5)
+        assert r["ms_p10"] <= r["ms_per_step"] <= r["ms_p90"]
+        assert (r["flops_per_token"], r["tokens_per_step"], r["compile"], r["precision"]) == (
+            GPT(load_config(CONFIGS / "tiny.yaml").model).flops_per_token(), 8 * 128, False, "fp32")
+        assert r["mfu"] is None and r["peak_tflops"] is None  # a CPU has no bf16 peak in the table
+        assert r["compile_s"] is None and r["first_step_s"] > 0 and r["peak_memory_bytes"] > 0
+    assert rows[0]["time_vs_handrolled_layernorm"] == 1.0
+    assert rows[1]["time_vs_handrolled_layernorm"] == pytest.approx(rows[1]["ms_per_step"] / rows[0]["ms_per_step"])
+
+
+def test_bench_with_a_peak_gives_mfu_and_the_table(train_yaml):
+    out = subprocess.run([sys.executable, "-m", "gpt.bench", str(train_yaml()), "--data", "ready", "--steps", "2",
+                          "--warmup", "1", "--norm-types", "handrolled_layernorm", "--peak-tflops", "0.001"],
+                         capture_output=True, text=True, env=ENV, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    header, columns, row = out.stdout.splitlines()
+    assert "(0.001 TFLOP/s bf16 peak), fp32, 256 tokens/step (micro-batch 4), ready data" in header
+    assert columns.split()[:4] == ["norm_type", "compile", "tokens/s", "ms/step"]
+    assert row.split()[0] == "handrolled_layernorm" and row.split()[7].endswith("%")  # MFU, given a peak
+
+
+def test_norms_only_rows():
+    out = subprocess.run([sys.executable, "-m", "gpt.bench", "--norms-only", "--shape", "2", "16", "32", "--steps",
+                          "3", "--warmup", "1", "--json"], capture_output=True, text=True, env=ENV, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["norm_type"] for r in rows][:2] == ["handrolled_layernorm", "pytorch_layernorm"] and len(rows) == 7
+    assert all(r["mode"] == "norm" and r["shape"] == [2, 16, 32] and r["precision"] == "fp32" for r in rows)
+    assert rows[0]["time_vs_handrolled_layernorm"] == 1.0
+
+
+def test_bench_mistakes_are_one_line(train_yaml):
+    for args, message in [(["--steps", "0", str(train_yaml())], "--steps 0 --warmup 5: both must be >= 1"),
+                          ([], "give a CONFIG to time its training steps, or --norms-only"),
+                          ([str(train_yaml()), "--set", "model.n_heads=3"], "model.n_heads: 3 does not divide")]:
+        out = subprocess.run([sys.executable, "-m", "gpt.bench", *args], capture_output=True, text=True, env=ENV)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
+
+
+# ------------------------------------------------------------------ the largest micro-batch
+
+@pytest.mark.parametrize("limit,threshold", [(96, 37), (96, 96), (96, 0), (96, 1), (5, 64), (1, 1)])
+def test_the_search_finds_the_largest_that_fits(limit, threshold):
+    probes = []
+
+    def fits(m):
+        probes.append(m)
+        return m <= threshold
+
+    assert largest_fitting(fits, limit) == min(threshold, limit)
+    assert len(probes) <= 2 * limit.bit_length() + 1 and max(probes) <= limit
+
+
+def test_the_plan_divides_the_global_batch():
+    cfg = load_config(CONFIGS / "gpt2-small.yaml")  # global batch 96
+    assert micro_batch_plan(cfg, 40) == [
+        "  1 GPU: train.micro_batch_size 32, accumulation 3 (global batch 96 = 1 x 32 x 3)",
+        "  2 GPUs: train.micro_batch_size 24, accumulation 2 (global batch 96 = 2 x 24 x 2)",
+        "  4 GPUs: train.micro_batch_size 24, accumulation 1 (global batch 96 = 4 x 24 x 1)",
+        "  8 GPUs: train.micro_batch_size 12, accumulation 1 (global batch 96 = 8 x 12 x 1)"]
+
+
+def test_the_memory_probe_runs_real_steps(train_yaml):
+    cfg = load_config(train_yaml())
+    assert fits_in_memory(cfg, Dist(), 3) is True  # on the CPU nothing runs out: the probe's steps run
+
+
+def test_find_micro_batch_without_a_gpu_is_one_line(train_yaml):
+    out = subprocess.run([sys.executable, str(ROOT / "train.py"), str(train_yaml()), "--find-micro-batch"],
+                         capture_output=True, text=True, env=ENV)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr == ("error: --find-micro-batch measures GPU memory, and no CUDA GPU is visible here; run it on "
+                          "the kind of machine you will train on\n")

@@ -5,14 +5,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 
-from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
 from gpt.config import ModelConfig  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = ROOT / "configs"
+from synthetic import CONFIGS, ROOT, VOCAB, write_meta, write_token_set, write_train_yaml  # noqa: E402, F401
 
 
 @pytest.fixture
@@ -25,35 +22,6 @@ def tiny_model_cfg():
     return make
 
 
-VOCAB = 256
-
-
-def write_meta(folder, n_vocab):
-    """The meta.json prepare_data writes last: the reader takes a .bin set only with it."""
-    import json
-
-    (folder / "meta.json").write_text(json.dumps({"dtype": "uint16", "tokenizer": {"name": "synthetic",
-                                                                                   "n_vocab": n_vocab}}))
-
-
-def write_token_set(folder, n_train=200_000, n_val=20_000, n_test=20_000, seed=0):
-    """A learnable synthetic token set over 256 tokens: each token mostly follows from the one before."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    for split, n in (("train", n_train), ("val", n_val), ("test", n_test)):
-        noise = rng.integers(0, VOCAB, n)
-        follow = rng.random(n) < 0.8
-        tokens = np.empty(n, dtype=np.uint16)
-        tokens[0] = noise[0]
-        for i in range(1, n):  # 80%: (7 * previous + 3) mod 256, else random
-            tokens[i] = (7 * int(tokens[i - 1]) + 3) % VOCAB if follow[i] else noise[i]
-        (folder / f"{split}.bin").write_bytes(tokens.tobytes())
-    write_meta(folder, VOCAB)
-    return folder
-
-
 @pytest.fixture(scope="session")
 def token_set(tmp_path_factory):
     return write_token_set(tmp_path_factory.mktemp("tokens") / "synthetic")
@@ -62,17 +30,6 @@ def token_set(tmp_path_factory):
 @pytest.fixture
 def train_yaml(tmp_path, token_set):
     """A tiny CPU training config (vocab 256, fp32) writing into tmp_path/run."""
-    def make(name="run", **sections):
-        text = f"""
-run: {{name: {name}, dir: {tmp_path / name}, device: cpu}}
-model: {{vocab_size: {VOCAB}, context_length: 32, d_model: 32, n_layers: 2, n_heads: 2, norm_type: pytorch_layernorm}}
-data: {{path: {token_set}, val_tokens: 2048}}
-optim: {{lr: 1.0e-2, min_lr: 1.0e-3, warmup_frac: 0.1}}
-train: {{seed: 0, micro_batch_size: 4, global_batch_size: 8, steps: 20, precision: fp32,
-         eval_every: 10, checkpoint_every: 10, keep_last: 5}}
-log: {{log_every: 1, progress: false}}
-"""
-        path = tmp_path / f"{name}.yaml"
-        path.write_text(text)
-        return path
+    def make(name="run"):
+        return write_train_yaml(tmp_path, token_set, name)
     return make

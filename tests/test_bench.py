@@ -149,3 +149,13 @@ def test_find_micro_batch_without_a_gpu_is_one_line(train_yaml):
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr == ("error: --find-micro-batch measures GPU memory, and no CUDA GPU is visible here; run it on "
                           "the kind of machine you will train on\n")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU, gpu_check.sh runs its stages")
+def test_gpu_check_without_a_gpu_says_so_in_one_line(tmp_path):
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path / "out")], capture_output=True,
+                         text=True, env={**ENV, "PYTHON": sys.executable}, timeout=120)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr == (f"gpu_check: no CUDA GPU is visible to {sys.executable} (torch {torch.__version__}); "
+                          "run it on a machine with one\n")
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,239 @@
+"""On a CUDA GPU: mixed precision, the fast path, exact resume, NCCL DDP, no waiting between log steps.
+
+Marked ``cuda`` and skipped, with the reason, where torch sees no GPU. ``scripts/gpu_check.sh``
+runs them on a GPU machine: with pytest (``pytest -m cuda``), or, where the machine has no
+pytest, as a script (``python tests/test_cuda.py``), each test in its own temporary folder.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from gpt.config import load_config
+from gpt.model import GPT
+from gpt.rundir import find_checkpoint
+from gpt.speed import peak_tflops
+from gpt.trainer import Trainer, train
+from synthetic import ROOT, write_token_set, write_train_yaml
+
+try:
+    import pytest
+except ImportError:  # a GPU machine without pytest: run this file as a script
+    pytest = None
+
+NO_GPU = "needs a CUDA GPU (scripts/gpu_check.sh runs these on one)"
+if pytest is not None:
+    pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)]
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+# what the tests compare against: the plain fp32 step, nothing of the fast path
+PLAIN = ["train.precision=fp32", "train.compile=false", "train.tf32=false", "train.prefetch=false"]
+
+
+class Skipped(Exception):
+    """A test that cannot run on this machine (the script runner's pytest.skip)."""
+
+
+def skip(reason: str):
+    if pytest is not None:
+        pytest.skip(reason)
+    raise Skipped(reason)
+
+
+def cuda_yaml(tmp_path: Path, name: str = "run") -> Path:
+    tokens = tmp_path / "tokens"
+    if not tokens.is_dir():
+        write_token_set(tokens)
+    return write_train_yaml(tmp_path, tokens, name, device="cuda")
+
+
+def run(tmp_path, name, *overrides, steps=8):
+    """Train ``name`` for ``steps`` steps; its per-step losses and summary."""
+    cfg = load_config(cuda_yaml(tmp_path, name), [f"train.steps={steps}", f"train.eval_every={steps}",
+                                                  f"train.checkpoint_every={steps}", *overrides])
+    summary = train(cfg)
+    assert summary["status"] == "completed", summary
+    records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    return [r["train_loss_last"] for r in records], summary
+
+
+def close(a, b, rel):
+    return all(abs(x - y) <= rel * abs(y) for x, y in zip(a, b)) and len(a) == len(b)
+
+
+def test_mixed_precision_trains_on_the_gpu(tmp_path):
+    for precision in ("bf16", "fp16"):
+        losses, summary = run(tmp_path, precision, f"train.precision={precision}", "train.compile=false", steps=20)
+        assert summary["precision"] == precision and summary["nonfinite_steps"] == 0
+        assert losses[-1] < losses[0] - 1.0, (precision, losses)
+        assert "cpu" not in summary["device"].lower() and summary["peak_memory_bytes"] > 0
+
+
+def test_every_fast_path_option_computes_the_same_function_on_the_gpu(tmp_path):
+    plain, _ = run(tmp_path, "plain", *PLAIN)
+    for name, option, rel in [("prefetch", "train.prefetch=true", 0.0),  # pinned, read ahead: the same batches
+                              ("tf32", "train.tf32=true", 1e-2),
+                              ("padded", "model.vocab_pad_multiple=96", 1e-4),
+                              ("bf16", "train.precision=bf16", 3e-2),
+                              ("compiled", "train.compile=true", 1e-3)]:
+        losses, summary = run(tmp_path, name, *PLAIN, option)
+        assert close(losses, plain, rel), (name, losses, plain)
+    assert summary["compile"] is True and summary["first_step_seconds"] > 1.0
+
+
+def test_the_default_fast_path_on_the_gpu(tmp_path):
+    losses, summary = run(tmp_path, "auto", "train.precision=auto")  # compile: null, tf32, prefetch: defaults
+    assert (summary["precision"], summary["compile"]) == ("bf16" if torch.cuda.is_bf16_supported() else "fp32", True)
+    assert losses[-1] < losses[0]
+
+
+def test_flash_attention_takes_the_bf16_step():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    cfg = load_config(ROOT / "configs" / "tiny.yaml").model  # head size 32
+    model = GPT(cfg).cuda()
+    idx = torch.randint(0, cfg.vocab_size, (4, cfg.context_length), device="cuda")
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]), torch.autocast("cuda", dtype=torch.bfloat16):
+        _, loss = model(idx, idx)  # raises if the flash kernel cannot take this call
+    loss.backward()
+    assert torch.isfinite(loss)
+
+
+def test_exact_resume_on_the_gpu(tmp_path):
+    fast = ["train.precision=fp32", "train.compile=false", "train.checkpoint_every=10"]  # tf32, pinned prefetch on
+    straight = load_config(cuda_yaml(tmp_path, "straight"), fast)
+    train(straight)
+    split = load_config(cuda_yaml(tmp_path, "split"), fast)
+    split_first(split)
+    train(split, resume="auto")
+    a = load_file(str(find_checkpoint(tmp_path / "straight") / "model.safetensors"))
+    b = load_file(str(find_checkpoint(tmp_path / "split") / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    la = [json.loads(x)["train_loss"] for x in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    lb = [json.loads(x)["train_loss"] for x in (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()]
+    assert la == lb
+
+
+def split_first(cfg) -> None:
+    """Train the first 10 of the config's 20 steps and stop on SIGTERM, as a preempted run would."""
+    import signal
+    original = Trainer.train_step
+
+    def train_step(self):
+        out = original(self)
+        if self.progress.step == 9:  # the 10th step is under way: ask for the stop it checkpoints on
+            signal.raise_signal(signal.SIGTERM)
+        return out
+
+    Trainer.train_step = train_step
+    try:
+        assert train(cfg)["status"] == "interrupted"
+    finally:
+        Trainer.train_step = original
+
+
+def test_no_step_waits_for_the_gpu_between_log_steps(tmp_path):
+    # Every CUDA synchronisation outside the named log / validation / checkpoint work raises.
+    allowed = ["first_step", "log_record", "check_divergence", "validate", "checkpoint", "finish"]
+    originals = {name: getattr(Trainer, name) for name in allowed + ["train_step"]}
+
+    def permitted(fn):
+        def call(*args, **kw):
+            mode = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode(0)
+            try:
+                return fn(*args, **kw)
+            finally:
+                torch.cuda.set_sync_debug_mode(mode)
+        return call
+
+    def strict_step(self):
+        if self.first_step_seconds is not None:  # the first step may wait (it creates the optimizer state)
+            torch.cuda.set_sync_debug_mode("error")  # from here to the next permitted call
+        return originals["train_step"](self)
+
+    from gpt.distributed import Dist
+    sync = Dist.synchronize
+    for name in allowed:
+        setattr(Trainer, name, permitted(originals[name]))
+    Trainer.train_step, Dist.synchronize = strict_step, permitted(sync)
+    try:
+        for precision in ("bf16", "fp16"):
+            run(tmp_path, precision, f"train.precision={precision}", "train.compile=false", "log.log_every=5",
+                "optim.grad_clip=1.0", steps=12)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+        for name, fn in originals.items():
+            setattr(Trainer, name, fn)
+        Dist.synchronize = sync
+
+
+def test_nccl_ddp_on_two_gpus_equals_one_process(tmp_path):
+    if torch.cuda.device_count() < 2:
+        skip(f"needs 2 GPUs, torch sees {torch.cuda.device_count()}")
+    results = {}
+    for name, launcher in [("one", [sys.executable, str(ROOT / "train.py")]),
+                           ("two", [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                    "--nproc_per_node=2", str(ROOT / "train.py")])]:
+        out = subprocess.run([*launcher, str(cuda_yaml(tmp_path, name)), "--set", "train.steps=12",
+                              *[a for o in PLAIN for a in ("--set", o)]], capture_output=True, text=True, env=ENV,
+                             timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        losses = [json.loads(x)["train_loss"] for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        results[name] = losses, load_file(str(find_checkpoint(tmp_path / name) / "model.safetensors"))
+    assert json.loads((tmp_path / "two" / "summary.json").read_text())["world_size"] == 2
+    (la, wa), (lb, wb) = results["one"], results["two"]
+    assert close(lb, la, 1e-5)
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 1e-5
+
+
+def test_find_micro_batch_on_the_gpu(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "train.py"), str(cuda_yaml(tmp_path)), "--find-micro-batch"],
+                         capture_output=True, text=True, env=ENV, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "largest micro-batch that fits on " in out.stdout
+    assert ": 8 sequences of 32 tokens (the search stops at train.global_batch_size)" in out.stdout
+    assert "  1 GPU: train.micro_batch_size 8, accumulation 1" in out.stdout
+
+
+def test_bench_on_the_gpu(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), str(cuda_yaml(tmp_path)), "--json",
+                          "--data", "synthetic", "--compile", "both", "--steps", "3", "--warmup", "1",
+                          "--norm-types", "handrolled_layernorm", "pytorch_layernorm"],
+                         capture_output=True, text=True, env=ENV, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [(r["norm_type"], r["compile"]) for r in rows] == [
+        ("handrolled_layernorm", False), ("pytorch_layernorm", False),
+        ("handrolled_layernorm", True), ("pytorch_layernorm", True)]
+    for r in rows:
+        assert (r["mfu"] is None) == (peak_tflops(r["device"]) is None)
+        assert r["peak_memory_bytes"] > 0 and (r["compile_s"] is not None) == r["compile"]
+
+
+def main() -> int:
+    """Run every test here without pytest, each in a fresh temporary folder; exit 1 if any failed."""
+    if not torch.cuda.is_available():
+        print(f"skipped: {NO_GPU}")
+        return 0
+    failed = 0
+    for name, fn in [(n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)]:
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                fn(Path(tmp)) if fn.__code__.co_argcount else fn()
+                print(f"PASSED {name}", flush=True)
+            except Skipped as e:
+                print(f"SKIPPED {name}: {e}", flush=True)
+            except Exception:
+                failed += 1
+                print(f"FAILED {name}\n{traceback.format_exc()}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

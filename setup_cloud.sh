@@ -28,5 +28,6 @@ if not torch.cuda.is_available():
 n = torch.cuda.device_count()
 print(f"setup_cloud: torch {torch.__version__}, CUDA {torch.version.cuda}, {n} GPU(s): "
       f"{torch.cuda.get_device_name(0)}; bf16 supported: {torch.cuda.is_bf16_supported()}")
+print("check: bash scripts/gpu_check.sh gpu-check/   (CUDA tests and the benchmark, about 8 minutes)")
 print(f"next: .venv/bin/torchrun --nproc_per_node={n} train.py configs/gpt2-small-pytorch-rmsnorm.yaml")
 PY

@@ -102,7 +102,7 @@ def table(rows: list[dict]) -> str:
     peak = f"{r0['peak_tflops']:g} TFLOP/s bf16 peak" if r0["peak_tflops"] else "no known peak: no MFU"
     lines = [f"{r0['config']}: {r0['device']} x {r0['world_size']} ({peak}), {r0['precision']}, "
              f"{r0['tokens_per_step']:,} tokens/step (micro-batch {r0['micro_batch']}), {r0['data']} data, "
-             f"median of {r0['steps']} steps after {r0['warmup']}; {r0['flops_per_token'] / 1e9:.3f} GFLOP/token; "
+             f"median of {r0['steps']} steps after {r0['warmup']}; {r0['flops_per_token'] / 1e9:.4g} GFLOP/token; "
              f"torch {torch.__version__}",
              f"{'norm_type':<28}{'compile':>8}{'tokens/s':>12}{'ms/step':>10}{'p10-p90 ms':>20}{'MFU':>7}"
              f"{'peak GiB':>10}{'compile s':>11}{ratio:>25}"]

@@ -187,3 +187,21 @@ class GPT(nn.Module):
             logits = logits[..., :self.cfg.vocab_size]  # padded logits are never predicted nor scored
         loss = cross_entropy(logits, targets) if targets is not None else None
         return logits, loss
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """Append ``max_new_tokens`` sampled tokens to idx (B, T); the context is cropped to context_length.
+        ``temperature`` 0 takes the most likely token; ``top_k`` samples among the k most likely."""
+        for _ in range(max_new_tokens):
+            logits = self(idx[:, -self.cfg.context_length:])[0][:, -1, :].float()  # (B, V)
+            if temperature == 0:
+                nxt = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, -math.inf)
+                nxt = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
+            idx = torch.cat([idx, nxt], dim=1)
+        return idx

@@ -7,6 +7,8 @@
         loss.png lr.png grad_norm.png      charts of metrics.jsonl (gpt.plots)
         wandb_id.txt      the W&B run id, so that a resumed run continues it
         .lock             held (flock) by the one trainer working on the run; holds its PID
+        hub.json          with hub.push_every_checkpoint: what was uploaded to the Hub (gpt.hub)
+        .hub-staging/     checkpoints waiting for their upload (hard links), removed at the end
         checkpoints/      step-NNNNNNNN/ folders and the latest / best pointers (gpt.checkpoint)
             step-NNNNNNNN/eval-<split>-<precision>.json    a loss of that checkpoint (gpt.evaluation)
 
@@ -93,6 +95,25 @@ class RunDir:
     @property
     def lock_file(self) -> Path:
         return self.path / ".lock"
+
+    @property
+    def hub_file(self) -> Path:
+        return self.path / "hub.json"
+
+    @property
+    def hub_staging(self) -> Path:
+        return self.path / ".hub-staging"
+
+    def hub_record(self) -> dict:
+        """What was uploaded to the Hub during training (``hub.json``): branch -> commit, branch -> failure."""
+        record = read_json(self.hub_file, "Hub upload record") if self.hub_file.is_file() else {}
+        return {"uploaded": {}, "failed": {}, **record}
+
+    def write_hub_record(self, record: dict) -> None:
+        try:
+            self.hub_file.write_text(json.dumps(record, indent=2) + "\n")
+        except OSError as e:  # a full disk: the record is the summary's to report, never a reason to stop
+            print(f"warning: cannot write {self.hub_file}: {os_reason(e)}", file=sys.stderr)
 
     def looks_like_run(self) -> bool:
         """Whether training ever started here (a config or a checkpoints folder)."""

@@ -40,6 +40,7 @@ from gpt.data import DataError, TokenRange, TrainBatches, check_vocabulary, open
 from gpt.distributed import Dist, device_name, peak_memory_bytes, setup
 from gpt.errors import UserError, os_reason
 from gpt.fastpath import apply_tf32, resolve
+from gpt.hub import CheckpointUploader
 from gpt.loss import autocast_for
 from gpt.metrics import Metrics
 from gpt.model import GPT
@@ -103,6 +104,8 @@ class Trainer:
         self.last_train_loss: float | None = None
         self.lock = None  # rank 0's hold on the run directory, from preflight to the end
         self.resume_from: Path | None = None  # the checkpoint to continue from (preflight chooses it)
+        self.uploader: CheckpointUploader | None = None  # rank 0, with hub.repo_id: uploads in the background
+        self.last_checkpoint: Path | None = None  # rank 0: the newest checkpoint written
 
     # ------------------------------------------------------------ before the loop
 
@@ -242,6 +245,8 @@ class Trainer:
             self.lock = self.run.lock()
         notes += self.run.start(self.config_yaml, self.progress.step, keep_config=self.continues)
         cfg = self.cfg
+        if cfg.hub.repo_id is not None:
+            self.uploader = CheckpointUploader(self.run, cfg.hub.repo_id, cfg.hub.private)
         try:
             self.run.write_summary({
                 "status": RUNNING, "pid": os.getpid(), "steps": self.progress.step, "total_steps": self.total_steps,
@@ -409,7 +414,10 @@ class Trainer:
             path = save_checkpoint(self.run.checkpoints, p.step, self.model, state=state,
                                    config_yaml=self.config_yaml, info=info, keep_last=self.cfg.train.keep_last,
                                    is_best=is_best)
+            self.last_checkpoint = path
             self.plot()
+            if self.uploader is not None and self.cfg.hub.push_every_checkpoint:
+                self.uploader.submit(path)  # returns at once: the upload runs in the background
             return path
 
         return self.d.on_main(save)
@@ -454,6 +462,10 @@ class Trainer:
         summary = self.summary(status, reason)
         if self.d.is_main:
             problems = [self.plot()]
+            if self.uploader is not None:  # training is over: wait for the uploads, the final model to main
+                summary["hub"] = self.uploader.finish(self.last_checkpoint if status == COMPLETED else None, summary)
+                problems += [f"Hub upload to {branch} failed: {why}"
+                             for branch, why in summary["hub"]["failed"].items()]
             try:
                 self.run.write_summary(summary)
             except OSError as e:  # the disk that stopped the checkpoint: say so in the same line

@@ -17,14 +17,15 @@ LAYERS = [
     ["config.schema", "tokenizer", "distributed", "data", "sources"],
     ["config.loader"],
     ["config"],
-    ["model", "checkpoint", "optimizer", "prepare", "scoring", "cli"],
+    ["model", "checkpoint", "optimizer", "prepare", "scoring", "cli", "card"],
     ["hf", "summary", "rundir"],
-    ["metrics"],
+    ["metrics", "hub"],
     ["trainer", "evaluation", "comparison"],  # siblings: none of them imports another
     ["grid", "benchmark"],
-    ["train", "evaluate", "compare", "sweep", "prepare_data", "demo", "bench"],  # the commands
+    ["train", "evaluate", "compare", "sweep", "prepare_data", "demo", "bench", "push_to_hub", "generate"],  # the commands
 ]
-RUN_DIR_FILES = {"config.yaml", "metrics.jsonl", "summary.json", "wandb_id.txt", "checkpoints"}
+RUN_DIR_FILES = {"config.yaml", "metrics.jsonl", "summary.json", "wandb_id.txt", "checkpoints", "hub.json",
+                 ".hub-staging"}
 MAX_FUNCTION_LINES = 60
 
 
@@ -33,7 +34,7 @@ def modules() -> dict[str, Path]:
     for path in sorted(PACKAGE.rglob("*.py")):
         parts = path.relative_to(PACKAGE).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        if name:  # gpt/__init__.py itself holds only the package docstring
+        if name and parts[0] != "hub_code":  # __init__.py: only the docstring; hub_code/: files for the Hub
             out[name] = path
     return out
 
@@ -107,3 +108,18 @@ def test_front_doors_only_call_a_command(path):
     others = {a.name for node in imports if node not in from_gpt for a in node.names}
     assert others <= {"sys", "Path"}
     assert "sys.path" not in path.read_text()
+
+
+def test_the_hub_code_stands_alone():
+    # the modelling code shipped to the Hub must load where this package is not installed
+    for path in sorted((PACKAGE / "hub_code").glob("*.py")):
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                imported.add("." + node.module if node.level else node.module.split(".")[0])
+        assert imported <= {"torch", "transformers", ".norms", ".configuration_gpt_norm"}, (path.name, imported)
+    norms_imports = {node.module or "" for node in ast.walk(ast.parse((PACKAGE / "norms.py").read_text()))
+                     if isinstance(node, ast.ImportFrom)}
+    assert not any(m.startswith("gpt") for m in norms_imports)  # shipped verbatim as norms.py

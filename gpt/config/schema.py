@@ -219,8 +219,17 @@ class LogConfig:
 class HubConfig:
     """Hugging Face Hub upload."""
 
-    repo_id: str | None = opt(None, "Hub repository to upload to, as user/name")
+    repo_id: str | None = opt(None, "Hub repository to publish to, as user/name: a completed run's final model "
+                              "goes to its main branch with the model card; null: no upload")
     private: bool = opt(True, "create the repository as private")
+    push_every_checkpoint: bool = opt(False, "also upload every checkpoint, each to a branch named after it "
+                                      "(step-00001000), from a background thread training never waits for")
+
+    def validate(self, fail) -> None:
+        if self.repo_id is not None and (self.repo_id.count("/") != 1 or not all(self.repo_id.split("/"))):
+            fail("repo_id", f"{self.repo_id!r} is not a Hub repository name: user/name (or organisation/name)")
+        if self.push_every_checkpoint and self.repo_id is None:
+            fail("push_every_checkpoint", "true, but hub.repo_id is null: name the repository to upload to")
 
 
 @dataclass

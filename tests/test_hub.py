@@ -1,0 +1,238 @@
+"""Publishing on the Hub, against the real huggingface_hub client and a Hub on 127.0.0.1 (tests/hubserver.py).
+
+Uploads and loads run in fresh processes, pointed at the local Hub with HF_ENDPOINT and a
+fresh HF_HOME, with a fake token that must reach the server and appear in no file.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from huggingface_hub import ModelCard
+
+from gpt.checkpoint import checkpoint_config, load_weights
+from gpt.config import load_config
+from gpt.model import GPT
+from gpt.norms import NORM_TYPES
+from gpt.rundir import find_checkpoint
+from gpt.tokenizer import get_tokenizer
+from gpt.trainer import train
+from hubserver import HubServer
+
+from conftest import ROOT, write_token_set, write_train_yaml
+
+pytestmark = pytest.mark.slow
+FAKE_TOKEN = "hf_FAKEtokenNeverWrittenAnywhere0123456789"
+PARAGRAPH = ("It was the best of times, it was the worst of times,\n\tit was the age of wisdom...  "
+             "Numbers 1234 and émigrés; <|endoftext|> and don't stop.")
+IDS = [[0, 64, 65, 66, 7, 100, 200, 255], [3, 1, 4, 1, 5, 9, 2, 6]]  # token ids < 256, the test models' vocabulary
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A short run of every norm type (the dyt one with tied weights and a padded head), one of them evaluated."""
+    root = tmp_path_factory.mktemp("hubruns")
+    tokens = write_token_set(root / "tokens", n_train=60_000)
+    out = {}
+    for norm in NORM_TYPES:
+        extra = ["model.tie_weights=true", "model.vocab_pad_multiple=96"] if norm == "dyt" else []
+        cfg = load_config(write_train_yaml(root, tokens, norm),
+                          ["train.steps=4", "train.eval_every=4", "train.checkpoint_every=4",
+                           f"model.norm_type={norm}", *extra])
+        train(cfg)
+        out[norm] = root / norm
+    evaluated = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), str(out["pytorch_layernorm"]), "--quiet"],
+                               capture_output=True, text=True)
+    assert evaluated.returncode == 0, evaluated.stderr
+    return out
+
+
+@pytest.fixture
+def hub(tmp_path):
+    with HubServer() as server:
+        server.env = {**os.environ, "HF_ENDPOINT": server.url, "HF_HOME": str(tmp_path / "hf-home"),
+                      "HF_HUB_OFFLINE": "0", "HF_TOKEN": FAKE_TOKEN, "HF_HUB_DISABLE_TELEMETRY": "1",
+                      "OMP_NUM_THREADS": "1"}
+        yield server
+
+
+def run_py(hub, *args, code=None):
+    cmd = [sys.executable, "-c", code] if code else [sys.executable, *map(str, args)]
+    return subprocess.run(cmd, env=hub.env, capture_output=True, text=True, timeout=600)
+
+
+def push(hub, run, repo, *extra):
+    out = run_py(hub, ROOT / "scripts" / "push_to_hub.py", run, "--repo", repo, *extra)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+def our_logits(run):
+    ckpt = find_checkpoint(run)
+    model = GPT(checkpoint_config(ckpt).model)
+    load_weights(model, ckpt)
+    with torch.no_grad():
+        return model.eval()(torch.tensor(IDS))[0]
+
+
+LOAD_ALL = """
+import json, sys, torch
+from transformers import AutoModelForCausalLM
+out = {}
+for repo in sys.argv[1:]:
+    model = AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor(%r)).logits
+    generated = model.generate(torch.tensor([[64, 65]]), max_new_tokens=5, do_sample=False)
+    out[repo] = {"class": type(model).__name__, "logits": logits.tolist(), "generated": generated.tolist()}
+print(json.dumps(out))
+""" % (IDS,)
+
+
+def test_every_norm_type_loads_with_transformers_and_gives_our_logits(runs, hub):
+    for norm, run in runs.items():
+        push(hub, run, f"me/{norm}")
+    out = run_py(hub, code=LOAD_ALL.replace("sys.argv[1:]", repr([f"me/{n}" for n in runs])))
+    assert out.returncode == 0, out.stderr[-3000:]
+    loaded = json.loads(out.stdout.splitlines()[-1])
+    for norm, run in runs.items():
+        got = loaded[f"me/{norm}"]
+        assert got["class"] == "GPTNormForCausalLM"
+        assert (torch.tensor(got["logits"]) - our_logits(run)).abs().max().item() <= 1e-5, norm
+        assert len(got["generated"][0]) == 7  # generate() adds its 5 tokens
+    files = hub.files("me/dyt")
+    assert {"model.safetensors", "config.json", "modeling_gpt_norm.py", "configuration_gpt_norm.py", "norms.py",
+            "vocab.json", "merges.txt", "tokenizer_config.json", "README.md", "loss.png"} <= set(files)
+    assert files["norms.py"] == (ROOT / "gpt" / "norms.py").read_bytes()  # a verbatim copy
+    assert all(FAKE_TOKEN in a for a in hub.authorization)  # the token reached the Hub
+
+
+def test_the_tokenizer_from_the_repo_encodes_like_ours(runs, hub):
+    push(hub, runs["pytorch_layernorm"], "me/tok")
+    code = ("import json; from transformers import AutoTokenizer; "
+            "t = AutoTokenizer.from_pretrained('me/tok', trust_remote_code=True); "
+            f"print(json.dumps(t({PARAGRAPH!r}).input_ids))")
+    out = run_py(hub, code=code)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.splitlines()[-1]) == get_tokenizer().encode(PARAGRAPH, allowed_special="all")
+
+
+def test_native_gpt2_export_loads_without_remote_code(runs, hub):
+    push(hub, runs["handrolled_layernorm"], "me/native", "--native-gpt2")
+    assert not any(name.endswith(".py") for name in hub.files("me/native"))
+    code = ("import json, torch; from transformers import GPT2LMHeadModel; "
+            "m = GPT2LMHeadModel.from_pretrained('me/native').eval(); "
+            f"print(json.dumps(m(torch.tensor({IDS!r})).logits.tolist()))")
+    out = run_py(hub, code=code)
+    assert out.returncode == 0, out.stderr[-3000:]
+    theirs = torch.tensor(json.loads(out.stdout.splitlines()[-1]))
+    assert (theirs - our_logits(runs["handrolled_layernorm"])).abs().max().item() <= 1e-5
+    refused = run_py(hub, ROOT / "scripts" / "push_to_hub.py", runs["pytorch_rmsnorm"], "--repo", "me/rms",
+                     "--native-gpt2")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert "GPT2LMHeadModel has LayerNorm only, and this model's norm is pytorch_rmsnorm" in refused.stderr
+    assert "me/rms" not in hub.repos  # refused before anything was created
+
+
+def test_the_card_is_valid_metadata_and_holds_the_test_loss(runs, hub):
+    run = runs["pytorch_layernorm"]
+    push(hub, run, "me/card")
+    card = ModelCard(hub.files("me/card")["README.md"].decode())
+    evaluation = json.loads((find_checkpoint(run) / "eval-test-fp32.json").read_text())
+    data = card.data.to_dict()
+    assert (data["license"], data["library_name"], data["pipeline_tag"]) == ("mit", "transformers", "text-generation")
+    assert "pytorch-layernorm" in data["tags"]
+    result = card.data.eval_results[0]
+    assert (result.metric_type, result.metric_value) == ("loss", round(evaluation["loss"], 6))
+    assert f"**Held-out test loss: {evaluation['loss']:.4f}**" in card.text
+    assert "![training and validation loss](loss.png)" in card.text and "trust_remote_code=True" in card.text
+
+
+def test_a_failed_upload_is_retried_then_one_line(runs, hub):
+    run = runs["no_norm"]
+    hub.fail_commits = [403, 403]  # statuses the client does not retry itself
+    push(hub, run, "me/flaky")
+    assert "model.safetensors" in hub.files("me/flaky")
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    hub.fail_always = 403
+    out = run_py(hub, ROOT / "scripts" / "push_to_hub.py", run, "--repo", "me/down")
+    assert out.returncode == 2 and "Traceback" not in out.stderr and out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith("error: upload to me/down failed after 3 attempts: 403")
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before  # nothing local changed
+
+
+def upload_yaml(tmp_path, name, *settings):
+    tokens = tmp_path / "tokens"
+    if not tokens.is_dir():
+        write_token_set(tokens, n_train=60_000)
+    path = write_train_yaml(tmp_path, tokens, name)
+    path.write_text(path.read_text() + f"hub: {{repo_id: me/{name}, push_every_checkpoint: true}}\n")
+    return path
+
+
+def test_checkpoints_upload_during_training_once(tmp_path, hub):
+    cfg = upload_yaml(tmp_path, "live")
+    out = run_py(hub, ROOT / "train.py", cfg)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((tmp_path / "live" / "summary.json").read_text())
+    assert summary["hub"] == {"repo_id": "me/live", "uploaded": ["main", "step-00000010", "step-00000020"],
+                              "failed": {}}
+    assert set(hub.repos["me/live"]) == {"main", "step-00000010", "step-00000020"}
+    assert "model.safetensors" in hub.files("me/live", "step-00000010")
+    card = hub.files("me/live")["README.md"].decode()
+    assert "Held-out test loss: not evaluated yet" in card and "20 steps" in card
+    assert not (tmp_path / "live" / ".hub-staging").exists()
+    # resume from step 10: step-00000020 is saved again but not uploaded twice
+    step10 = len(hub.repos["me/live"]["step-00000010"]), len(hub.repos["me/live"]["step-00000020"])
+    ckpts = tmp_path / "live" / "checkpoints"
+    for leftover in ("step-00000020", "best"):
+        target = ckpts / leftover
+        target.unlink() if target.is_file() else __import__("shutil").rmtree(target)
+    (ckpts / "latest").write_text("step-00000010\n")
+    (tmp_path / "live" / "summary.json").unlink()
+    again = run_py(hub, ROOT / "train.py", cfg, "--resume", "auto")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (len(hub.repos["me/live"]["step-00000010"]), len(hub.repos["me/live"]["step-00000020"])) == step10
+
+
+def test_a_hub_that_is_down_never_stops_training(tmp_path, hub):
+    hub.fail_always = 403
+    cfg = upload_yaml(tmp_path, "down")
+    out = run_py(hub, ROOT / "train.py", cfg)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((tmp_path / "down" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 20
+    assert summary["hub"]["uploaded"] == [] and set(summary["hub"]["failed"]) == {"main", "step-00000010",
+                                                                                 "step-00000020"}
+    assert all(why.startswith("upload to me/down@") and "failed after 3 attempts: 403" in why
+               for why in summary["hub"]["failed"].values())
+    assert out.stderr.startswith("warning: Hub upload to ") and out.stderr.count("\n") == 1  # one line
+    assert "Hub upload to main failed: upload to me/down@main failed after 3 attempts" in out.stderr
+
+
+def test_generate_from_a_checkpoint_and_from_the_hub(runs, hub):
+    run = runs["pytorch_rmsnorm"]
+    push(hub, run, "me/gen")
+    args = ["--prompt", "a", "--max-new-tokens", "12", "--seed", "3", "--top-k", "20"]
+    local = run_py(hub, ROOT / "scripts" / "generate.py", run, *args)
+    remote = run_py(hub, ROOT / "scripts" / "generate.py", "me/gen", *args)
+    assert local.returncode == 0 and remote.returncode == 0, local.stderr[-2000:] + remote.stderr[-2000:]
+    assert local.stdout == remote.stdout and local.stdout.startswith("a")  # the same seed, the same text
+    assert len(local.stdout.encode()) > 12  # 12 sampled byte-level tokens, decoded
+    other = run_py(hub, ROOT / "scripts" / "generate.py", run, *args[:-4], "--seed", "4", "--top-k", "20")
+    assert other.stdout != local.stdout
+
+
+def test_no_token_in_any_file_written(tmp_path, runs, hub):
+    push(hub, runs["dyt"], "me/secret")
+    out = run_py(hub, ROOT / "train.py", upload_yaml(tmp_path, "secret-run"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    for root in (tmp_path, runs["dyt"].parent):
+        for path in root.rglob("*"):
+            if path.is_file():
+                assert FAKE_TOKEN.encode() not in path.read_bytes(), path
+    for files in (hub.files("me/secret"), hub.files("me/secret-run")):
+        assert all(FAKE_TOKEN.encode() not in data for data in files.values())

@@ -16,7 +16,7 @@
 #      GPT-2 small on this GPU.
 # Exit status: 0 when every stage passed, 1 otherwise (and when no GPU is visible).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 OUT=${1:?usage: bash scripts/gpu_check.sh OUTDIR}
 PY=${PYTHON:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1

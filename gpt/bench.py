@@ -38,9 +38,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="override one config value (repeatable)")
     parser.add_argument("--norm-types", nargs="+", default=list(NORM_TYPES), choices=NORM_TYPES, metavar="NORM_TYPE")
     parser.add_argument("--compile", choices=COMPILE_CHOICES, help="default: both on a GPU, off on the CPU")
-    parser.add_argument("--steps", type=int, default=20, help="timed steps per row (default 20)")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed steps before them, the first one compiling "
-                                                              "(default 5)")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per row (default 10)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps before them, the first one compiling "
+                                                              "(default 3)")
     parser.add_argument("--data", choices=("config", "synthetic", "ready"), default="config",
                         help="the config's token set, a random one, or one batch read once (default config)")
     parser.add_argument("--peak-tflops", type=float, help="the GPU's dense bf16 peak, for a chip not in the table")

@@ -108,7 +108,7 @@ def test_norms_only_rows():
 
 
 def test_bench_mistakes_are_one_line(train_yaml):
-    for args, message in [(["--steps", "0", str(train_yaml())], "--steps 0 --warmup 5: both must be >= 1"),
+    for args, message in [(["--steps", "0", str(train_yaml())], "--steps 0 --warmup 3: both must be >= 1"),
                           ([], "give a CONFIG to time its training steps, or --norms-only"),
                           ([str(train_yaml()), "--set", "model.n_heads=3"], "model.n_heads: 3 does not divide")]:
         out = subprocess.run([sys.executable, "-m", "gpt.bench", *args], capture_output=True, text=True, env=ENV)

@@ -48,7 +48,8 @@ def metadata(cfg: Config, f: CardFacts) -> dict:
     if e is not None:
         meta["model-index"] = [{"name": f.repo_id.split("/")[-1], "results": [{
             "task": {"type": "text-generation", "name": "Causal language modeling"},
-            "dataset": {"name": dataset or e.get("data_dir", "held-out tokens"), "type": dataset or "custom",
+            "dataset": {"name": dataset or e.get("data_dir", "held-out tokens"),
+                        "type": dataset if dataset and "/" in dataset else "custom",
                         "split": e["split"]},
             "metrics": [{"type": "loss", "value": round(e["loss"], 6),
                          "name": f"held-out test loss (nats/token, {e['n_tokens']:,} tokens)"}]}]}]
@@ -57,6 +58,17 @@ def metadata(cfg: Config, f: CardFacts) -> dict:
 
 def _fmt(x, spec: str, missing: str = "n/a") -> str:
     return missing if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def _diff(x) -> str:
+    """A loss difference: 4 decimals, or 3 significant digits where 4 decimals would show only zeros."""
+    return _fmt(x, "+.2e" if isinstance(x, float) and 0 < abs(x) < 5e-5 else "+.4f")
+
+
+def _duration(seconds) -> str:
+    if seconds is None:
+        return "n/a"
+    return f"{seconds / 3600:.2f} h" if seconds >= 3600 else f"{seconds:,.0f} s"
 
 
 def model_lines(cfg: Config, f: CardFacts) -> list[str]:
@@ -74,7 +86,7 @@ def model_lines(cfg: Config, f: CardFacts) -> list[str]:
         f"{s.get('precision', t.precision)}, seed {t.seed}.",
         f"- Data: {f.data_source or cfg.data.hub_repo or cfg.data.path}.",
         f"- Hardware: {s.get('world_size', '?')} x {s.get('device', '?')}; wall time "
-        f"{_fmt(s.get('wall_seconds') and s['wall_seconds'] / 3600, '.2f')} h; "
+        f"{_duration(s.get('wall_seconds'))}; "
         f"{_fmt(s.get('tokens_per_s'), ',.0f')} tokens/s (steady state).", ""]
 
 
@@ -96,8 +108,7 @@ def loss_lines(f: CardFacts) -> list[str]:
                   f"| group | seeds | test loss mean | sd | vs {c['baseline']} (95% CI) |", "|---|---|---|---|---|",
                   f"| {c['group']} | {c['n_evaluated']} | {_fmt(c['test_loss_mean'], '.4f')} | "
                   f"{_fmt(c['test_loss_std'], '.4f')} | "
-                  + (f"{_fmt(v.get('diff'), '+.4f')} [{_fmt(v.get('low'), '+.4f')}, {_fmt(v.get('high'), '+.4f')}] |"
-                     if v else "baseline |")]
+                  + (f"{_diff(v.get('diff'))} [{_diff(v.get('low'))}, {_diff(v.get('high'))}] |" if v else "baseline |")]
     if f.loss_png:
         lines += ["", "![training and validation loss](loss.png)"]
     return lines + [""]
@@ -120,6 +131,6 @@ def card_text(cfg: Config, f: CardFacts) -> str:
     """The whole README.md."""
     head = "---\n" + yaml.safe_dump(metadata(cfg, f), sort_keys=False) + "---\n"
     title = [f"# {f.repo_id.split('/')[-1]}", "",
-             f"A GPT-2-small-style model trained with gpt-norm-harness to compare "
+             f"A GPT-2-style model trained with gpt-norm-harness to compare "
              f"normalisation layers; this one uses `{cfg.model.norm_type}`.", ""]
     return head + "\n".join(title + model_lines(cfg, f) + loss_lines(f) + usage_lines(f))

@@ -78,11 +78,6 @@ def export_weights(cfg: Config, sd: dict[str, torch.Tensor], native_gpt2: bool) 
     return {k: v.contiguous() for k, v in out.items()}
 
 
-def n_parameters(cfg: Config, weights: dict[str, torch.Tensor]) -> int:
-    """Parameters of the published model (a tied head counted once)."""
-    return sum(v.numel() for v in weights.values())
-
-
 def special_tokens(vocab_size: int) -> dict:
     """<|endoftext|> begins and ends generation, in a vocabulary that has it."""
     eot = EOT_TOKEN if vocab_size > EOT_TOKEN else None
@@ -129,10 +124,13 @@ def card_facts(ckpt: Path, cfg: Config, repo_id: str, n_params: int, run: RunDir
     run = run or RunDir.of_checkpoint(ckpt)
     evaluation = next((e for p in ("fp32", "bf16", "fp16") if (e := read_eval_result(ckpt, "test", p))), None)
     meta = read_meta(cfg.data.path) if cfg.data.path and Path(cfg.data.path, "meta.json").is_file() else None
+    source = (meta or {}).get("source")  # prepare_data's description: a Hub data set's repo, or a name
+    if isinstance(source, dict):
+        source = source.get("repo") or source.get("name")
     return CardFacts(repo_id=repo_id, n_params=n_params, step=info.get("step"), tokens=info.get("tokens"),
                      val_loss=info.get("val_loss"), summary=summary if summary is not None else run.summary(),
                      evaluation=evaluation, comparison=comparison if comparison is not None else find_comparison(run),
-                     data_source=(meta or {}).get("source"), native_gpt2=native_gpt2,
+                     data_source=source if isinstance(source, str) else None, native_gpt2=native_gpt2,
                      loss_png=(run.path / "loss.png").is_file())
 
 
@@ -165,7 +163,8 @@ def export_checkpoint(ckpt: Path, folder: Path, repo_id: str, *, native_gpt2: bo
             shutil.copyfile(HUB_CODE / name, folder / name)
         shutil.copyfile(NORMS_SOURCE, folder / "norms.py")
         files += [*CODE_FILES, "norms.py"]
-    facts = card_facts(ckpt, cfg, repo_id, n_parameters(cfg, weights), run, summary, comparison, native_gpt2)
+    n_params = sum(v.numel() for v in weights.values())  # as published: a tied head once, no padding
+    facts = card_facts(ckpt, cfg, repo_id, n_params, run, summary, comparison, native_gpt2)
     if facts.loss_png:
         shutil.copyfile((run or RunDir.of_checkpoint(ckpt)).path / "loss.png", folder / "loss.png")
         files.append("loss.png")

@@ -6,8 +6,10 @@ fresh HF_HOME, with a fake token that must reach the server and appear in no fil
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +19,8 @@ from gpt.checkpoint import checkpoint_config, load_weights
 from gpt.config import load_config
 from gpt.model import GPT
 from gpt.norms import NORM_TYPES
-from gpt.rundir import find_checkpoint
+from gpt.hub import export_checkpoint
+from gpt.rundir import RunDir, find_checkpoint
 from gpt.tokenizer import get_tokenizer
 from gpt.trainer import train
 from hubserver import HubServer
@@ -190,7 +193,7 @@ def test_checkpoints_upload_during_training_once(tmp_path, hub):
     ckpts = tmp_path / "live" / "checkpoints"
     for leftover in ("step-00000020", "best"):
         target = ckpts / leftover
-        target.unlink() if target.is_file() else __import__("shutil").rmtree(target)
+        target.unlink() if target.is_file() else shutil.rmtree(target)
     (ckpts / "latest").write_text("step-00000010\n")
     (tmp_path / "live" / "summary.json").unlink()
     again = run_py(hub, ROOT / "train.py", cfg, "--resume", "auto")
@@ -236,3 +239,26 @@ def test_no_token_in_any_file_written(tmp_path, runs, hub):
                 assert FAKE_TOKEN.encode() not in path.read_bytes(), path
     for files in (hub.files("me/secret"), hub.files("me/secret-run")):
         assert all(FAKE_TOKEN.encode() not in data for data in files.values())
+
+
+def test_the_card_names_a_hub_data_set_and_tiny_differences(runs, tmp_path):
+    # a set prepared from a Hub data set: meta.json's source names its repo; a 1e-9 difference stays visible
+    run = runs["pytorch_layernorm"]
+    cfg = load_config(run / "config.yaml")
+    meta = json.loads((Path(cfg.data.path) / "meta.json").read_text())
+    data = tmp_path / "fineweb-like"
+    data.mkdir()
+    (data / "meta.json").write_text(json.dumps({**meta, "source": {"name": "fineweb-edu",
+                                                                   "repo": "HuggingFaceFW/fineweb-edu"}}))
+    ckpt = find_checkpoint(run)
+    staged = tmp_path / "ckpt"
+    shutil.copytree(ckpt, staged)
+    (staged / "config.yaml").write_text((ckpt / "config.yaml").read_text().replace(str(cfg.data.path), str(data)))
+    comparison = {"group": "pytorch_layernorm", "baseline": "handrolled_layernorm", "n_evaluated": 3,
+                  "test_loss_mean": 6.7, "test_loss_std": 0.0078,
+                  "vs_baseline": {"diff": -1.02e-09, "low": -2.34e-08, "high": 2.14e-08}}
+    export_checkpoint(staged, tmp_path / "out", "me/fw", run=RunDir(run), comparison=comparison)
+    card = ModelCard((tmp_path / "out" / "README.md").read_text())
+    assert card.data.datasets == ["HuggingFaceFW/fineweb-edu"]
+    assert card.data.eval_results[0].dataset_type == "HuggingFaceFW/fineweb-edu"
+    assert "| pytorch_layernorm | 3 | 6.7000 | 0.0078 | -1.02e-09 [-2.34e-08, +2.14e-08] |" in card.text

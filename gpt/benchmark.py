@@ -34,7 +34,6 @@ from gpt.norms import make_norm
 from gpt.speed import mfu, peak_tflops, step_stats
 from gpt.trainer import Trainer
 
-DATA_MODES = ("config", "synthetic", "ready")
 BASELINE = "handrolled_layernorm"  # every row's time is also given as a ratio to this norm's row
 
 

@@ -108,7 +108,8 @@ def loss_lines(f: CardFacts) -> list[str]:
                   f"| group | seeds | test loss mean | sd | vs {c['baseline']} (95% CI) |", "|---|---|---|---|---|",
                   f"| {c['group']} | {c['n_evaluated']} | {_fmt(c['test_loss_mean'], '.4f')} | "
                   f"{_fmt(c['test_loss_std'], '.4f')} | "
-                  + (f"{_diff(v.get('diff'))} [{_diff(v.get('low'))}, {_diff(v.get('high'))}] |" if v else "baseline |")]
+                  + (f"{_diff(v.get('diff'))} [{_diff(v.get('low'))}, {_diff(v.get('high'))}] |"
+                     if v else "baseline |")]
     if f.loss_png:
         lines += ["", "![training and validation loss](loss.png)"]
     return lines + [""]

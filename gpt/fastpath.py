@@ -25,10 +25,6 @@ class FastPath:
     prefetch: bool  # read step s + 1's batches in a background thread during step s
     pin_memory: bool  # batches land in pinned memory, so host-to-device copies do not wait (CUDA only)
 
-    def describe(self) -> str:
-        on = [name for name in ("compile", "tf32", "prefetch", "pin_memory") if getattr(self, name)]
-        return f"{self.precision}, " + (", ".join(on) if on else "no fast-path options")
-
 
 def auto_precision(device: torch.device) -> str:
     """``precision: auto``: bf16 on a GPU with bf16 arithmetic, else fp32."""

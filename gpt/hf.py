@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from gpt.config import ModelConfig
-from gpt.model import GPT
+from gpt.model import GPT, VOCAB_ROWS
 
 # (our name, transformers' name, transpose?) for one block; i is the block index.
 _BLOCK_KEYS = [
@@ -37,7 +37,6 @@ _TOP_KEYS = [
     ("ln_f.bias", "transformer.ln_f.bias", False),
     ("lm_head.weight", "lm_head.weight", False),
 ]
-_VOCAB_ROWS = ("wte.weight", "lm_head.weight")  # one row per token (plus model.vocab_pad_multiple's padding)
 HF_COMPATIBLE_NORMS = ("pytorch_layernorm", "handrolled_layernorm", "handrolled_layernorm_fast")
 
 
@@ -87,7 +86,7 @@ def state_dict_from_hf(hf_sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict
             raise KeyError(f"GPT-2 state dict has no {theirs!r}")
         t = hf_sd[theirs]
         out[ours] = t.t().contiguous() if transpose else t.clone()
-        if ours in _VOCAB_ROWS and cfg.padded_vocab_size > len(t) and (ours == "lm_head.weight" or cfg.tie_weights):
+        if ours in VOCAB_ROWS and cfg.padded_vocab_size > len(t) and (ours == "lm_head.weight" or cfg.tie_weights):
             out[ours] = torch.cat([out[ours], out[ours].new_zeros(cfg.padded_vocab_size - len(t), t.shape[1])])
     return out
 
@@ -100,7 +99,7 @@ def state_dict_to_hf(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
         if ours not in sd and ours.endswith("attn.qkv.bias"):
             out[theirs] = torch.zeros(3 * cfg.d_model, dtype=sd["wte.weight"].dtype)
             continue
-        t = sd[ours][:cfg.vocab_size] if ours in _VOCAB_ROWS else sd[ours]  # vocabulary padding stays behind
+        t = sd[ours][:cfg.vocab_size] if ours in VOCAB_ROWS else sd[ours]  # vocabulary padding stays behind
         out[theirs] = t.t().contiguous() if transpose else t.clone()
     return out
 

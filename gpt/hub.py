@@ -32,17 +32,17 @@ from safetensors.torch import load_file, save_file
 
 from gpt.card import CardFacts, card_text
 from gpt.checkpoint import CONFIG_FILE, INFO_FILE, MODEL_FILE, checkpoint_config, read_info
-from gpt.config import Config, config_to_dict
+from gpt.config import Config, config_from_dict, config_to_dict
 from gpt.data import read_meta
 from gpt.errors import UserError, first_line, os_reason
-from gpt.hf import HF_COMPATIBLE_NORMS, hf_config_kwargs, state_dict_to_hf
+from gpt.hf import HF_COMPATIBLE_NORMS, hf_config_kwargs, model_config_from_hf, state_dict_from_hf, state_dict_to_hf
+from gpt.model import GPT, VOCAB_ROWS
 from gpt.rundir import RunDir, read_eval_result
 from gpt.tokenizer import EOT_TOKEN, gpt2_files_dir
 
 HUB_CODE = Path(__file__).parent / "hub_code"
 NORMS_SOURCE = Path(__file__).parent / "norms.py"  # shipped verbatim as norms.py beside the modelling code
 CODE_FILES = ("configuration_gpt_norm.py", "modeling_gpt_norm.py")
-VOCAB_ROWS = ("wte.weight", "lm_head.weight")
 EOT = "<|endoftext|>"
 
 
@@ -174,10 +174,6 @@ def export_checkpoint(ckpt: Path, folder: Path, repo_id: str, *, native_gpt2: bo
 
 def load_published(folder: Path):
     """Our GPT from an export folder (either layout), e.g. a Hub repo's snapshot."""
-    from gpt.config import config_from_dict
-    from gpt.hf import model_config_from_hf, state_dict_from_hf
-    from gpt.model import GPT
-
     try:
         config = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError) as e:

@@ -72,6 +72,10 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+# The parameters with one row per token: model.vocab_pad_multiple pads them (a tied embedding
+# with the head), and every export leaves the padding behind.
+VOCAB_ROWS = ("wte.weight", "lm_head.weight")
+
 # Parameters whose GPT-2 init is scaled by 1 / sqrt(2 * n_layers): the projections
 # that write into the residual stream, two per block.
 RESIDUAL_PROJECTIONS = ("attn.proj.weight", "mlp.proj.weight")
@@ -134,7 +138,7 @@ class GPT(nn.Module):
                 done.add(id(p))
                 name = f"{mname}.{pname}"
                 g = torch.Generator(device=p.device).manual_seed(param_seed(seed, name))
-                if p.shape[0] > self.cfg.vocab_size and name in ("wte.weight", "lm_head.weight"):
+                if p.shape[0] > self.cfg.vocab_size and name in VOCAB_ROWS:
                     p[self.cfg.vocab_size:] = 0.0  # padding rows: drawn for no one, so the real rows
                     p = p[:self.cfg.vocab_size]  # are what an unpadded model draws
                 if isinstance(module, nn.Embedding):
@@ -157,8 +161,9 @@ class GPT(nn.Module):
     # --------------------------------------------------------------- forward
 
     def num_params(self, norms: bool = True) -> int:
-        """Parameter count, a tied weight counted once, vocabulary padding not at all. ``norms=False`` leaves out the norm layers:
-        the count that sets a run's length (``train.tokens_per_param``), the same for every norm type."""
+        """Parameter count, a tied weight counted once, vocabulary padding not at all. ``norms=False``
+        leaves out the norm layers: the count that sets a run's length (``train.tokens_per_param``),
+        the same for every norm type."""
         skip = set() if norms else self.norm_parameter_names()
         padding = (self.cfg.padded_vocab_size - self.cfg.vocab_size) * self.cfg.d_model  # rows that predict nothing
         return sum(p.numel() for name, p in self.named_parameters() if name not in skip) - padding

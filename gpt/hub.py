@@ -117,11 +117,10 @@ def write_tokenizer(folder: Path, context_length: int) -> list[str]:
     return ["vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json"]
 
 
-def card_facts(ckpt: Path, cfg: Config, repo_id: str, n_params: int, run: RunDir | None, summary: dict | None,
+def card_facts(ckpt: Path, cfg: Config, repo_id: str, n_params: int, run: RunDir, summary: dict | None,
                comparison: dict | None, native_gpt2: bool) -> CardFacts:
     """What the card says of ``ckpt``: its info, the run's summary and charts, its test loss."""
     info = read_info(ckpt)
-    run = run or RunDir.of_checkpoint(ckpt)
     evaluation = next((e for p in ("fp32", "bf16", "fp16") if (e := read_eval_result(ckpt, "test", p))), None)
     meta = read_meta(cfg.data.path) if cfg.data.path and Path(cfg.data.path, "meta.json").is_file() else None
     source = (meta or {}).get("source")  # prepare_data's description: a Hub data set's repo, or a name
@@ -134,16 +133,23 @@ def card_facts(ckpt: Path, cfg: Config, repo_id: str, n_params: int, run: RunDir
                      loss_png=(run.path / "loss.png").is_file())
 
 
+def comparison_row(result: dict, run: RunDir) -> dict | None:
+    """The group of a comparison result (comparison.json) that holds ``run``, with the baseline's name."""
+    for group in result.get("groups", []):
+        if any(Path(r.get("path", "")).resolve() == run.path.resolve() for r in group.get("runs", [])):
+            return {**group, "baseline": result.get("baseline")}
+    return None
+
+
 def find_comparison(run: RunDir) -> dict | None:
     """The run's group in a comparison.json beside it (what scripts/sweep.py writes), if any."""
     for path in sorted(run.path.parent.glob("*/comparison.json")):
         try:
-            result = json.loads(path.read_text())
+            row = comparison_row(json.loads(path.read_text()), run)
         except (OSError, ValueError):
             continue
-        for group in result.get("groups", []):
-            if any(Path(r.get("path", "")).resolve() == run.path.resolve() for r in group.get("runs", [])):
-                return {**group, "baseline": result.get("baseline")}
+        if row is not None:
+            return row
     return None
 
 
@@ -164,9 +170,10 @@ def export_checkpoint(ckpt: Path, folder: Path, repo_id: str, *, native_gpt2: bo
         shutil.copyfile(NORMS_SOURCE, folder / "norms.py")
         files += [*CODE_FILES, "norms.py"]
     n_params = sum(v.numel() for v in weights.values())  # as published: a tied head once, no padding
+    run = run or RunDir.of_checkpoint(ckpt)
     facts = card_facts(ckpt, cfg, repo_id, n_params, run, summary, comparison, native_gpt2)
     if facts.loss_png:
-        shutil.copyfile((run or RunDir.of_checkpoint(ckpt)).path / "loss.png", folder / "loss.png")
+        shutil.copyfile(run.path / "loss.png", folder / "loss.png")
         files.append("loss.png")
     (folder / "README.md").write_text(card_text(cfg, facts))
     return [*files, "README.md"]

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from gpt.config.schema import HubConfig
     from gpt.errors import UserError
-    from gpt.hub import push
+    from gpt.hub import comparison_row, push
     from gpt.rundir import RunDir, read_json, resolve_which
 
     problems: list[str] = []
@@ -51,12 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     ckpt = resolve_which(args.path, args.which)
     comparison = None
     if args.comparison is not None:
-        result = read_json(args.comparison, "comparison")
-        run = RunDir.of_checkpoint(ckpt).path.resolve()
-        comparison = next(({**g, "baseline": result.get("baseline")} for g in result.get("groups", [])
-                           if any(Path(r["path"]).resolve() == run for r in g.get("runs", []))), None)
+        run = RunDir.of_checkpoint(ckpt)
+        comparison = comparison_row(read_json(args.comparison, "comparison"), run)
         if comparison is None:
-            raise UserError(f"{args.comparison}: holds no group with the run {run}")
+            raise UserError(f"{args.comparison}: holds no group with the run {run.path.resolve()}")
     commit, files = push(ckpt, args.repo, native_gpt2=args.native_gpt2, private=args.private,
                          revision=args.revision, comparison=comparison)
     print(json.dumps({"repo": args.repo, "revision": args.revision or "main", "commit": commit,

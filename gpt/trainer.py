@@ -106,6 +106,7 @@ class Trainer:
         self.resume_from: Path | None = None  # the checkpoint to continue from (preflight chooses it)
         self.uploader: CheckpointUploader | None = None  # rank 0, with hub.repo_id: uploads in the background
         self.last_checkpoint: Path | None = None  # rank 0: the newest checkpoint written
+        self.reader: TrainBatches | None = None  # this rank's training batches (open_reader)
 
     # ------------------------------------------------------------ before the loop
 
@@ -258,7 +259,7 @@ class Trainer:
 
     def release(self) -> None:
         """Let the run directory go (a killed process lets go too: the kernel drops its lock)."""
-        if getattr(self, "reader", None) is not None:
+        if self.reader is not None:
             self.reader.close()
         if self.lock is not None:
             self.lock.release()

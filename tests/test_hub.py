@@ -262,3 +262,18 @@ def test_the_card_names_a_hub_data_set_and_tiny_differences(runs, tmp_path):
     assert card.data.datasets == ["HuggingFaceFW/fineweb-edu"]
     assert card.data.eval_results[0].dataset_type == "HuggingFaceFW/fineweb-edu"
     assert "| pytorch_layernorm | 3 | 6.7000 | 0.0078 | -1.02e-09 [-2.34e-08, +2.14e-08] |" in card.text
+
+
+def test_push_with_an_explicit_comparison(runs, hub, tmp_path):
+    run = runs["handrolled_rmsnorm"]
+    group = {"group": "handrolled_rmsnorm", "n_evaluated": 1, "test_loss_mean": 5.5, "test_loss_std": None,
+             "vs_baseline": None, "runs": [{"path": str(run), "seed": 0}]}
+    (tmp_path / "with.json").write_text(json.dumps({"baseline": "handrolled_layernorm", "groups": [group]}))
+    (tmp_path / "without.json").write_text(json.dumps({"baseline": "handrolled_layernorm", "groups": []}))
+    push(hub, run, "me/cmp", "--comparison", tmp_path / "with.json")
+    assert "| handrolled_rmsnorm | 1 | 5.5000 | n/a | baseline |" in hub.files("me/cmp")["README.md"].decode()
+    out = run_py(hub, ROOT / "scripts" / "push_to_hub.py", run, "--repo", "me/cmp2", "--comparison",
+                 tmp_path / "without.json")
+    assert out.returncode == 2 and out.stderr == f"error: {tmp_path / 'without.json'}: holds no group with the run " \
+                                                 f"{run.resolve()}\n"
+    assert "me/cmp2" not in hub.repos

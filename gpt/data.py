@@ -11,6 +11,13 @@ read the same way: positional reads (``os.pread``) of just the tokens a batch ne
 Nothing is memory-mapped or loaded whole, so a rank's memory does not grow with the
 data set.
 
+Identity. ``prepare_data`` records each split's token count, sha256 and sampled sha256
+(``sample_digest``: the size and 256 blocks of 64 KiB spread over the file, all of a
+file up to 16 MiB) in ``meta.json``. Hashing a 10 GB split takes a minute, so it is done
+once, there; opening a split checks the count and the sampled digest (a few MB read),
+which finds a file changed or replaced since. ``TokenFile.identity()`` is what a run's
+fingerprint records of the tokens it read (``gpt.fingerprint``).
+
 Batching. A split of N tokens holds ``(N - 1) // T`` training sequences of T + 1
 tokens (inputs and next-token targets), sequence i starting at token i * T. Global
 step s takes the sequences at positions ``[s * G, (s + 1) * G)`` of a seeded
@@ -22,6 +29,8 @@ sequences in the same order, and no sequence is read twice.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import struct
@@ -44,12 +53,32 @@ class DataError(UserError):
     """A data set that is missing, malformed or too small for the config."""
 
 
+SAMPLE_BLOCKS, SAMPLE_BLOCK = 256, 1 << 16  # the sampled digest reads 256 blocks of 64 KiB (16 MiB at most)
+
+
+def sample_digest(path: Path) -> str:
+    """The sha256 of a file's size and of ``SAMPLE_BLOCKS`` blocks of ``SAMPLE_BLOCK`` bytes spread evenly
+    over it, the first and the last included: the whole file when it is no larger than that. Cheap for
+    any size, it tells a changed or replaced file from the one recorded (not a file forged to match)."""
+    size = Path(path).stat().st_size
+    h = hashlib.sha256(size.to_bytes(8, "little"))
+    with open(path, "rb") as f:
+        if size <= SAMPLE_BLOCKS * SAMPLE_BLOCK:
+            while block := f.read(1 << 20):
+                h.update(block)
+        else:
+            for i in range(SAMPLE_BLOCKS):
+                h.update(os.pread(f.fileno(), SAMPLE_BLOCK, i * (size - SAMPLE_BLOCK) // (SAMPLE_BLOCKS - 1)))
+    return h.hexdigest()
+
+
 class TokenFile:
     """One split's token stream, read lazily with positional reads."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, recorded: dict | None = None):
         self._fd: int | None = None  # opened on first read
         self.path = Path(path)
+        self.recorded = recorded or {}  # what meta.json records of this split (tokens, sha256, sampled_sha256)
         if not self.path.is_file():
             raise DataError(f"{self.path}: no such token file")
         if self.path.suffix == ".safetensors":
@@ -64,6 +93,26 @@ class TokenFile:
 
     def __len__(self) -> int:
         return self.n_tokens
+
+    @functools.cached_property
+    def sampled_sha256(self) -> str:
+        return sample_digest(self.path)
+
+    def identity(self) -> dict:
+        """What the tokens are: file name, count, the sha256 recorded at preparation (None where the set
+        has no meta.json, like the author's safetensors sets) and the sampled sha256 of the file as it is."""
+        return {"file": self.path.name, "tokens": self.n_tokens, "sha256": self.recorded.get("sha256"),
+                "sampled_sha256": self.sampled_sha256}
+
+    def check_recorded(self) -> None:
+        """Refuse a file that is not the one meta.json describes (changed or replaced since preparation)."""
+        tokens, sampled = self.recorded.get("tokens"), self.recorded.get("sampled_sha256")
+        changed = (f"{self.n_tokens:,} tokens, {META_FILE} records {tokens:,}" if tokens not in (None, self.n_tokens)
+                   else "its sampled sha256 differs from the one recorded" if sampled not in (None, self.sampled_sha256)
+                   else None)
+        if changed:
+            raise DataError(f"{self.path}: not the file that was prepared ({changed}): it changed after "
+                            "preparation; prepare the set again with scripts/prepare_data.py")
 
     def __getstate__(self):  # a DataLoader worker or a fork opens its own descriptor
         return {**self.__dict__, "_fd": None}
@@ -158,7 +207,16 @@ def read_meta(data_dir: str | Path) -> dict | None:
         raise DataError(f"{path}: dtype {meta['dtype']!r} is not a token dtype ({', '.join(TOKEN_DTYPES)})")
     if not isinstance(meta.get("tokenizer", {}), dict):
         raise DataError(f"{path}: 'tokenizer' must be an object (name, n_vocab, eot_token)")
+    splits = meta.get("splits", {})
+    if not isinstance(splits, dict) or not all(isinstance(v, dict) for v in splits.values()):
+        raise DataError(f"{path}: 'splits' must map each split to an object (file, tokens, sha256); prepare the "
+                        "set again")
     return meta
+
+
+def tokenizer_name(data_dir: str | Path) -> str:
+    """The tokenizer a prepared set names in its meta.json ("unknown" for sets without one)."""
+    return (read_meta(data_dir) or {}).get("tokenizer", {}).get("name", "unknown")
 
 
 def _meta_dtype(data_dir: Path) -> str:
@@ -196,7 +254,8 @@ def check_ids(batch: torch.Tensor, vocab_size: int | None, where: str) -> None:
 
 
 def open_split(data_dir: str | Path, split: str) -> TokenFile:
-    """The token file of ``split`` in ``data_dir``: ``<split>.bin`` or ``<split>.safetensors``."""
+    """The token file of ``split`` in ``data_dir``: ``<split>.bin`` or ``<split>.safetensors``, checked
+    against what the set's ``meta.json`` records of it, if anything (``TokenFile.check_recorded``)."""
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise DataError(f"{data_dir}: no such data directory (prepare one with scripts/prepare_data.py)")
@@ -204,12 +263,17 @@ def open_split(data_dir: str | Path, split: str) -> TokenFile:
         if not (data_dir / META_FILE).is_file():  # written last: a set without it was never finished
             raise DataError(f"{data_dir}: no {META_FILE}, so not a complete prepared set (an interrupted "
                             "preparation leaves such a folder); prepare it again with scripts/prepare_data.py")
-        return TokenFile(data_dir / f"{split}.bin")
-    if (data_dir / f"{split}.safetensors").is_file():
-        return TokenFile(data_dir / f"{split}.safetensors")
-    found = sorted(p.stem for p in data_dir.iterdir() if p.suffix in (".bin", ".safetensors"))
-    raise DataError(f"{data_dir}: no split {split!r} ({split}.bin or {split}.safetensors); "
-                    f"splits here: {', '.join(found) or 'none'}")
+        path = data_dir / f"{split}.bin"
+    elif (data_dir / f"{split}.safetensors").is_file():
+        path = data_dir / f"{split}.safetensors"
+    else:
+        found = sorted(p.stem for p in data_dir.iterdir() if p.suffix in (".bin", ".safetensors"))
+        raise DataError(f"{data_dir}: no split {split!r} ({split}.bin or {split}.safetensors); "
+                        f"splits here: {', '.join(found) or 'none'}")
+    recorded = ((read_meta(data_dir) or {}).get("splits") or {}).get(split)
+    tokens = TokenFile(path, recorded if recorded and recorded.get("file") == path.name else None)
+    tokens.check_recorded()
+    return tokens
 
 
 def resolve_data_dir(path: str | None, hub_repo: str | None, revision: str | None = None,

@@ -27,7 +27,7 @@ import numpy as np
 import tiktoken
 from tqdm import tqdm
 
-from gpt.data import META_FILE, TOKEN_DTYPE, DataError
+from gpt.data import META_FILE, TOKEN_DTYPE, DataError, sample_digest
 from gpt.sources import Source
 
 SPLIT_ORDER = ("test", "val", "train")
@@ -167,5 +167,6 @@ def _write_splits(source: Source, folder: Path, enc: tiktoken.Encoding, eot: int
         "requested": {"test_tokens": test_tokens, "val_tokens": val_tokens, "max_tokens": max_tokens},
         "skipped_empty_documents": skipped,
         "splits": {s: {"file": f"{s}.bin", "tokens": tokens[s], "documents": documents[s],
-                       "sha256": sha256_file(folder / f"{s}.bin")} for s in ("train", "val", "test")},
+                       "sha256": sha256_file(folder / f"{s}.bin"), "sampled_sha256": sample_digest(folder / f"{s}.bin")}
+                   for s in ("train", "val", "test")},
     }

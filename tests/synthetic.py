@@ -1,19 +1,27 @@
 """Test data and configs made on the spot, with no pytest needed (tests/test_cuda.py runs without it too)."""
 
+import hashlib
 import json
 from pathlib import Path
 
 import numpy as np
+
+from gpt.data import sample_digest
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 VOCAB = 256
 
 
-def write_meta(folder, n_vocab):
-    """The meta.json prepare_data writes last: the reader takes a .bin set only with it."""
+def write_meta(folder, n_vocab, record_splits=False):
+    """The meta.json prepare_data writes last: the reader takes a .bin set only with it. With
+    ``record_splits``, each split's token count, sha256 and sampled sha256, as prepare_data records them."""
+    splits = {p.stem: {"file": p.name, "tokens": p.stat().st_size // 2,
+                       "sha256": hashlib.sha256(p.read_bytes()).hexdigest(), "sampled_sha256": sample_digest(p)}
+              for p in sorted(Path(folder).glob("*.bin"))} if record_splits else {}
     (folder / "meta.json").write_text(json.dumps({"dtype": "uint16", "tokenizer": {"name": "synthetic",
-                                                                                   "n_vocab": n_vocab}}))
+                                                                                   "n_vocab": n_vocab},
+                                                  **({"splits": splits} if splits else {})}))
 
 
 def write_token_set(folder, n_train=200_000, n_val=20_000, n_test=20_000, seed=0):
@@ -28,7 +36,7 @@ def write_token_set(folder, n_train=200_000, n_val=20_000, n_test=20_000, seed=0
         for i in range(1, n):  # 80%: (7 * previous + 3) mod 256, else random
             tokens[i] = (7 * int(tokens[i - 1]) + 3) % VOCAB if follow[i] else noise[i]
         (folder / f"{split}.bin").write_bytes(tokens.tobytes())
-    write_meta(folder, VOCAB)
+    write_meta(folder, VOCAB, record_splits=True)
     return folder
 
 

@@ -1,5 +1,6 @@
 """scripts/prepare_data.py and gpt.prepare: split by document, counts, determinism, bad input."""
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -61,6 +62,9 @@ def check_prepared(folder, all_docs):
         docs = split_documents(folder, split)
         info = meta["splits"][split]
         assert info["tokens"] == (folder / f"{split}.bin").stat().st_size // 2
+        data = (folder / f"{split}.bin").read_bytes()  # the identity a run's fingerprint records and checks
+        assert info["sha256"] == hashlib.sha256(data).hexdigest()
+        assert info["sampled_sha256"] == hashlib.sha256(len(data).to_bytes(8, "little") + data).hexdigest()
         assert info["documents"] == len(docs) > 0
         for d in docs:
             assert d not in seen, f"document in {seen.get(d)} and {split}"

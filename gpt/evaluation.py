@@ -20,8 +20,9 @@ from tqdm import tqdm
 
 from gpt.checkpoint import checkpoint_config, load_weights, read_info
 from gpt.config import Config, config_from_dict
-from gpt.data import DataError, TokenRange, open_split, read_meta, resolve_data_dir
+from gpt.data import DataError, TokenRange, open_split, resolve_data_dir, tokenizer_name
 from gpt.distributed import Dist
+from gpt.fingerprint import evaluation_fingerprint
 from gpt.errors import UserError
 from gpt.hf import load_hf_gpt2
 from gpt.loss import autocast_for
@@ -77,9 +78,7 @@ def held_out_range(cfg: Config, override: RangeOverride) -> tuple[HeldOutRange, 
     n = len(tokens) - offset if n is None else n
     if offset < 0 or n <= 0 or offset + n > len(tokens):
         raise DataError(f"{tokens.path}: test range [{offset:,}, {offset + n:,}) is outside its {len(tokens):,} tokens")
-    meta = read_meta(data_dir) or {}
-    tokenizer = meta.get("tokenizer", {}).get("name", "unknown")
-    return HeldOutRange(str(data_dir), split, offset, n, tokenizer), TokenRange(tokens, offset, n)
+    return HeldOutRange(str(data_dir), split, offset, n, tokenizer_name(data_dir)), TokenRange(tokens, offset, n)
 
 
 def check_disjoint(run: RunDir, rng: HeldOutRange) -> None:
@@ -105,7 +104,8 @@ def evaluate_model(model: GPT, rng: HeldOutRange, tokens: TokenRange, options: E
     bar.close()
     return {"loss": loss, "perplexity": math.exp(loss) if loss < 700 else math.inf, "tokens": scored,
             **asdict(rng), "range": [rng.offset, rng.offset + rng.n_tokens], "precision": options.precision,
-            "batch_size": batch_size, "world_size": d.world_size, "seconds": time.perf_counter() - start}
+            "batch_size": batch_size, "world_size": d.world_size, "seconds": time.perf_counter() - start,
+            "fingerprint": evaluation_fingerprint(d, tokens.tokens, options.precision)}
 
 
 def evaluate_checkpoint(ckpt: Path, d: Dist, options: EvalOptions = EvalOptions(),

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import platform
 import random
 import sys
 import time
@@ -34,12 +33,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from gpt.checkpoint import (CheckpointError, check_same_experiment, checkpoint_config, load_state, load_weights,
-                            save_checkpoint, tidy)
+                            read_info, save_checkpoint, tidy)
 from gpt.config import Config, dump_config, load_config
-from gpt.data import DataError, TokenRange, TrainBatches, check_vocabulary, open_split, resolve_data_dir
+from gpt.data import DataError, TokenRange, TrainBatches, check_vocabulary, open_split, resolve_data_dir, tokenizer_name
 from gpt.distributed import Dist, device_name, peak_memory_bytes, setup
 from gpt.errors import UserError, os_reason
 from gpt.fastpath import apply_tf32, resolve
+from gpt.fingerprint import check_resume, take
 from gpt.hub import CheckpointUploader
 from gpt.loss import autocast_for
 from gpt.metrics import Metrics
@@ -107,6 +107,7 @@ class Trainer:
         self.uploader: CheckpointUploader | None = None  # rank 0, with hub.repo_id: uploads in the background
         self.last_checkpoint: Path | None = None  # rank 0: the newest checkpoint written
         self.reader: TrainBatches | None = None  # this rank's training batches (open_reader)
+        self.segments: list[dict] = []  # the fingerprint of every segment of the run, this one last (preflight)
 
     # ------------------------------------------------------------ before the loop
 
@@ -118,7 +119,9 @@ class Trainer:
                             f"train.micro_batch_size {t.micro_batch_size} x {d.world_size} processes; "
                             f"choose a global batch divisible by {t.micro_batch_size * d.world_size}")
         self.resume_from, self.move_aside, self.continues = d.on_main(lambda: self.claim(resume, overwrite))
-        self.open_data(d.on_main(lambda: resolve_data_dir(cfg.data.path, cfg.data.hub_repo, cfg.data.hub_revision)))
+        data_dir = d.on_main(lambda: resolve_data_dir(cfg.data.path, cfg.data.hub_repo, cfg.data.hub_revision))
+        self.open_data(data_dir)
+        self.segments = d.on_main(lambda: self.fingerprint(data_dir))
 
     def claim(self, resume: str | None, overwrite: bool) -> tuple[Path | None, bool, bool]:
         """Rank 0: lock the run directory, tidy it, choose the checkpoint to resume from and check that it
@@ -134,6 +137,18 @@ class Trainer:
         elif continues and self.run.config_file.is_file():  # restarting a run killed before a checkpoint
             check_same_experiment(load_config(self.run.config_file), self.cfg, self.run.config_file)
         return resume_from, move_aside, continues
+
+    def fingerprint(self, data_dir: Path) -> list[dict]:
+        """Rank 0: the segments of the run so far (the resumed checkpoint's) and this one's fingerprint,
+        after refusing a resume that would compute something else than the checkpoint did."""
+        saved = read_info(self.resume_from) if self.resume_from is not None else {}
+        current = take(self.fast, self.d, data_dir=data_dir, tokenizer=tokenizer_name(data_dir),
+                       micro_batch_size=self.cfg.train.micro_batch_size, grad_accum=self.reader.accum,
+                       train=self.reader.tokens, train_range=self.reader.token_range(), val=self.val.tokens,
+                       val_range=(self.val.offset, self.val.offset + self.val.n_tokens),
+                       from_step=saved.get("step", 0))
+        check_resume(saved.get("segments", []), current, self.resume_from)
+        return [*saved.get("segments", []), current]
 
     def open_data(self, data_dir: Path) -> None:
         """Open the validation range and the training reader; refuse ranges and token ids that do not fit."""
@@ -251,7 +266,8 @@ class Trainer:
         try:
             self.run.write_summary({
                 "status": RUNNING, "pid": os.getpid(), "steps": self.progress.step, "total_steps": self.total_steps,
-                "norm_type": cfg.model.norm_type, "seed": cfg.train.seed, **self.token_ranges()})
+                "norm_type": cfg.model.norm_type, "seed": cfg.train.seed, **self.token_ranges(),
+                "segments": self.segments})
         except OSError as e:
             raise UserError(f"cannot write {self.run.summary_file}: {os_reason(e)}; free space or make the run "
                             "directory writable, then rerun") from None
@@ -411,7 +427,7 @@ class Trainer:
 
         def save() -> Path:
             info = {"step": p.step, "tokens": p.tokens, "val_loss": p.last_val, "best_val_loss": p.best_val_loss,
-                    "elapsed_seconds": state["progress"]["elapsed"]}
+                    "elapsed_seconds": state["progress"]["elapsed"], "segments": self.segments}
             path = save_checkpoint(self.run.checkpoints, p.step, self.model, state=state,
                                    config_yaml=self.config_yaml, info=info, keep_last=self.cfg.train.keep_last,
                                    is_best=is_best)
@@ -454,7 +470,7 @@ class Trainer:
             "world_size": d.world_size, "device": device_name(d.device),
             "peak_memory_bytes": peak_memory_bytes(d.device),
             **self.token_ranges(),
-            "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__},
+            "segments": self.segments,  # every process's fingerprint: versions, hardware, data, code
         }
 
     def finish(self, status: str, reason: str | None) -> dict:

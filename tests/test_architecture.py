@@ -14,11 +14,11 @@ PACKAGE = ROOT / "gpt"
 # draws the same map). A new module must be placed here: the test names it until it is.
 LAYERS = [
     ["errors", "norms", "schedule", "loss", "plots", "monitors", "stats", "rng", "fastpath", "speed"],  # nothing from gpt/ but errors
-    ["config.schema", "tokenizer", "distributed", "data", "sources"],
+    ["config.schema", "tokenizer", "distributed", "data", "sources", "report"],
     ["config.loader"],
     ["config"],
     ["model", "checkpoint", "optimizer", "prepare", "scoring", "cli", "card"],
-    ["hf", "summary", "rundir"],
+    ["hf", "summary", "rundir", "fingerprint"],
     ["metrics", "hub"],
     ["trainer", "evaluation", "comparison"],  # siblings: none of them imports another
     ["grid", "benchmark"],

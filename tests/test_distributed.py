@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -82,3 +83,18 @@ def test_two_nodes_with_a_rendezvous_equal_one_process(ddp_cfg, single, tmp_path
         assert p.returncode == 0, err
     assert json.loads((tmp_path / "nodes" / "summary.json").read_text())["world_size"] == 2
     assert_same(single, results(tmp_path / "nodes"))
+
+
+def test_a_resume_on_another_world_size_is_a_new_segment(ddp_cfg, single, tmp_path):
+    # one process trained to step 10; two finish the run from there, with the same global batch
+    run = tmp_path / "single"
+    shutil.rmtree(run / "checkpoints" / "step-00000012")
+    (run / "checkpoints" / "latest").write_text("step-00000010\n")
+    (run / "checkpoints" / "best").unlink()
+    out = subprocess.run([*torchrun("--standalone", "--nproc_per_node=2", config=ddp_cfg("single")), "--resume",
+                          "auto"], env=ENV, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert [(s["from_step"], s["hardware"]["world_size"], s["train"]["grad_accum"])
+            for s in summary["segments"]] == [(0, 1, 2), (10, 2, 1)]
+    assert_same(single, results(run))  # the reader gives every world size the same batches

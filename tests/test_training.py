@@ -57,11 +57,19 @@ def test_short_run_learns_and_writes_every_file(train_yaml, tmp_path):
 
     saved = json.loads((run / "summary.json").read_text())
     assert saved == json.loads(json.dumps(summary))
+    info = json.loads((run / "checkpoints" / "step-00000020" / "checkpoint.json").read_text())
     assert saved["status"] == "completed" and saved["steps"] == 20 and saved["tokens"] == 20 * 256
     assert saved["final_train_loss"] == records[-1]["train_loss"]
     assert saved["best_val_loss"] == min(r["val_loss"] for r in records if "val_loss" in r)
     assert saved["tokens_per_s"] > 0 and saved["wall_seconds"] > 0 and saved["peak_memory_bytes"] > 0
-    assert saved["world_size"] == 1 and saved["device"] and saved["versions"]["torch"] == torch.__version__
+    assert saved["world_size"] == 1 and saved["device"]
+    [segment] = saved["segments"]  # one process, one segment: its fingerprint
+    assert segment["from_step"] == 0 and segment["software"]["torch"] == torch.__version__
+    assert segment["train"] == {"precision": "fp32", "compile": False, "tf32": False, "micro_batch_size": 4,
+                                "grad_accum": 2}
+    assert segment["hardware"] == {"device": "cpu", "name": saved["device"], "world_size": 1}
+    assert segment["data"]["train"]["range"] == saved["train_token_range"][1:]
+    assert info["segments"] == saved["segments"]
     assert saved["train_token_range"][0] == "train" and saved["val_token_range"] == ["val", 0, 2048]
 
     assert load_config(run / "config.yaml") == cfg
@@ -76,7 +84,6 @@ def test_short_run_learns_and_writes_every_file(train_yaml, tmp_path):
     assert {"optimizer", "scaler", "data", "progress", "rng"} <= state.keys()
     assert state["data"]["step"] == 20 and state["progress"]["tokens"] == 20 * 256
     assert {"python", "numpy", "torch", "cuda"} <= state["rng"][0].keys()
-    info = json.loads((final / "checkpoint.json").read_text())
     assert info["step"] == 20 and info["val_loss"] == records[-1]["val_loss"]
     model = GPT(cfg.model)
     ckpt_io.load_weights(model, final)  # the weights load back into the model
@@ -102,7 +109,10 @@ def test_resume_is_exact(train_yaml, tmp_path):
     for ra, rb in zip(ma, mb):
         assert (ra["train_loss"], ra["grad_norm"], ra.get("val_loss")) == (rb["train_loss"], rb["grad_norm"],
                                                                            rb.get("val_loss"))
-    assert json.loads((resumed_dir / "summary.json").read_text())["final_train_loss"] == straight["final_train_loss"]
+    resumed = json.loads((resumed_dir / "summary.json").read_text())
+    assert resumed["final_train_loss"] == straight["final_train_loss"]
+    assert [s["from_step"] for s in resumed["segments"]] == [0, 10]  # every process of the run, in order
+    assert resumed["segments"][0] == straight["segments"][0]
 
 
 @pytest.mark.slow

@@ -23,7 +23,9 @@ from gpt.schedule import SCHEDULES
 # What a resumed run may change (prefixes of dotted keys): how the run is named, stored, logged,
 # fetched and executed, never what it computes. Any other difference from the checkpoint's
 # config is refused (gpt.checkpoint.check_same_experiment). data.path and friends name where
-# the tokens are; the reader's own state checks that they are the same tokens.
+# the tokens are, and train.tf32 / compile / prefetch how they are computed: the fingerprint
+# check (gpt.fingerprint.check_resume) refuses other tokens, another resolved precision or
+# TF32, another device type.
 RESUMABLE = ("run.", "log.", "hub.", "data.path", "data.hub_repo", "data.hub_revision",
              "train.eval_every", "train.checkpoint_every", "train.keep_last", "train.compile", "train.tf32",
              "train.prefetch")
@@ -123,7 +125,9 @@ class OptimConfig:
 
     lr: float = opt(1.4e-3, "peak learning rate, reached at the end of warmup", gt=0)
     min_lr: float = opt(1.4e-4, "floor of the cosine decay", ge=0)
-    warmup_frac: float = opt(0.05, "fraction of the steps spent in linear warmup from 0", ge=0, le=1)
+    warmup_frac: float = opt(0.05, "fraction of the steps in linear warmup: step s < W = round(warmup_frac x "
+                             "steps) takes lr x (s + 1) / W, so the first step uses lr / W and step W - 1 the peak",
+                             ge=0, le=1)
     schedule: str = opt("cosine", "after warmup: cosine to min_lr, constant, or wsd (stable, then linear "
                         "decay to min_lr over the last decay_frac)", choices=SCHEDULES)
     decay_frac: float = opt(0.2, "wsd only: fraction of the steps spent in the final decay", ge=0, le=1)

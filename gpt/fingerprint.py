@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import platform
 import socket
 import subprocess
@@ -121,15 +122,18 @@ def check_resume(saved: list[dict], current: dict, source: Path) -> None:
     changed = [(k, old.get(k), new.get(k)) for k in sorted(old.keys() | new.keys())
                if k.startswith(FIXED_ON_RESUME) and old.get(k) != new.get(k)]
     if changed:
-        listed = "; ".join(f"{k}: checkpoint {_short(a)}, now {_short(b)}" for k, a, b in changed)
+        listed = "; ".join(f"{k}: checkpoint {shown(a)}, now {shown(b)}" for k, a, b in changed)
         raise CheckpointError(f"{source} cannot be continued here, the run would compute something else from step "
                               f"{current['from_step']:,}: {listed}; resume with the data, precision and device it "
                               "was trained with, or start a new run")
 
 
-def _short(value) -> str:
-    """A value as a message shows it: long hashes cut to 12 characters."""
-    return f"{value[:12]}..." if isinstance(value, str) and len(value) == 64 else repr(value)
+def shown(value) -> str:
+    """A recorded value as a message shows it: a sha256 cut to 12 characters, other text as it is, anything
+    else as JSON (true, null, [8, 4])."""
+    if isinstance(value, str):
+        return value[:12] + "..." if len(value) == 64 and set(value) <= set("0123456789abcdef") else value
+    return json.dumps(value)
 
 
 def computation(config: dict, segments: list[dict] | None) -> dict:

@@ -99,12 +99,12 @@ def test_resume_under_another_resolved_precision_is_refused(train_yaml, tmp_path
     run = tmp_path / "auto"
     assert json.loads((run / "summary.json").read_text())["segments"][0]["train"]["precision"] == "bf16"
     monkeypatch.undo()
-    refused(yaml, run, "train.precision: checkpoint 'bf16', now 'fp32'", overrides=["train.precision=auto"])
+    refused(yaml, run, "train.precision: checkpoint bf16, now fp32", overrides=["train.precision=auto"])
 
 
 @pytest.mark.parametrize("key, value, said", [
-    ("hardware.device", "cuda", "hardware.device: checkpoint 'cuda', now 'cpu'"),
-    ("train.tf32", True, "train.tf32: checkpoint True, now False"),
+    ("hardware.device", "cuda", "hardware.device: checkpoint cuda, now cpu"),
+    ("train.tf32", True, "train.tf32: checkpoint true, now false"),
 ])
 def test_resume_on_another_device_type_or_tf32_is_refused(trained, key, value, said):
     # a checkpoint written on a GPU (its checkpoint.json says so), resumed here on the CPU

@@ -1,21 +1,28 @@
-"""Compare runs: group them by what differs in their configs, put numbers on the noise.
+"""Compare runs that differ in the norm and nothing else: group them, put numbers on the noise.
 
-Runs are grouped by every config value that differs between them, except what names or
-seeds a run (``run.*``, ``train.seed``, ``model.init_seed``, ``log.*``, ``hub.*``):
-normally that leaves the norm type. Within a group the seeds are the repeats; a run's
-seed is the pair (initial-weights seed, data-order seed), shown as one number when the
-two are equal. Statistics use completed, evaluated runs only (whatever ``--which``
-chooses); every other run is listed with the reason it was left out.
+A comparison is only worth its table if its groups differ in the norm alone. Every run is
+seen through its *computation*: its config with its fingerprint over it (``gpt.fingerprint``:
+the precision actually used, compile, TF32, device, world size, torch and CUDA, the code,
+the data's identity). Runs are grouped by ``model.norm_type``; seeds (``train.seed``,
+``model.init_seed``) are the repeats. Any other key on which the runs do not all agree is
+refused, in one line naming each key with its values and runs, unless the user names it:
+``--vary KEY`` makes it an axis of the table (a group per value), ``--allow-differ KEY``
+accepts it and says so in the report. How a run is named, logged and published (``run.*``,
+``log.*``, ``hub.*``) never counts. Statistics use completed, evaluated runs only (whatever
+``--which`` chooses); every other run is listed with the reason it was left out.
 
 Each group gets the mean and standard deviation of its test loss and its difference to
-a baseline group with a 95% interval: **paired by seed** on the seeds both groups share
-(the same seed gives the same initial weights for everything but the norm, so the
+the baseline group (``--baseline``, else ``handrolled_layernorm``, else the first norm type
+in the write-up's order) with a 95% interval: **paired by seed** on the seeds both groups
+share (the same seed gives the same initial weights for everything but the norm, so the
 paired difference removes most of the initialisation noise), otherwise Welch's unpaired
-interval. From the paired differences come the seeds-needed numbers and, with an
-equivalence margin, a TOST verdict (``gpt.stats``).
+interval. From the paired differences come the exact power numbers (seeds needed, the
+smallest resolvable difference) and, with an equivalence margin, a TOST verdict; from a
+group whose initialisation and data-order seeds are crossed, the variance components
+(``gpt.stats``).
 
 Only run directories are read (through ``gpt.rundir``): the config, metrics, summary
-and the evaluation result of the chosen checkpoint.
+(with the fingerprints) and the evaluation result of the chosen checkpoint.
 """
 
 from __future__ import annotations
@@ -30,9 +37,17 @@ import numpy as np
 from gpt import stats
 from gpt.config import flatten
 from gpt.errors import UserError
+from gpt.fingerprint import computation, informational, shown
+from gpt.norms import NORM_TYPES
+from gpt.report import markdown
 from gpt.rundir import COMPLETED, DIVERGED, RunDir, read_eval_result
 
-IGNORED_PREFIXES = ("run.", "log.", "hub.", "train.seed", "model.init_seed")
+AXIS = "model.norm_type"  # what a comparison compares
+SEED_KEYS = ("train.seed", "model.init_seed")  # the repeats within a group
+# How a run is named, logged, published and stored: nothing it computes (prefetch reads the same batches,
+# tested bit for bit). Validation (train.eval_every) stays compared: it decides the best checkpoint.
+NOT_COMPARED = ("run.", "log.", "hub.", "train.checkpoint_every", "train.keep_last", "train.prefetch")
+DEFAULT_BASELINE = "handrolled_layernorm"  # the write-up's baseline
 
 
 @dataclass
@@ -45,18 +60,35 @@ class Run:
     summary: dict  # its summary.json ({} while it has none)
     metrics: list[dict]  # its metrics.jsonl records
     evaluation: dict | None  # the evaluation result of the chosen checkpoint; None: not evaluated
+    view: dict = field(default_factory=dict)  # what decides its numbers: config and fingerprint (gpt.fingerprint)
+
+    @property
+    def data_seed(self) -> int:
+        return self.config["train.seed"]
+
+    @property
+    def init_seed(self) -> int:
+        init = self.config.get("model.init_seed")
+        return self.data_seed if init is None else init
 
     @property
     def seed(self) -> str:
         """``"3"`` when the initial weights and the data order share seed 3, else ``"init/data"``."""
-        data = self.config["train.seed"]
-        init = self.config.get("model.init_seed")
-        return str(data) if init is None or init == data else f"{init}/{data}"
+        return str(self.data_seed) if self.init_seed == self.data_seed else f"{self.init_seed}/{self.data_seed}"
 
     @property
     def usable(self) -> bool:
         """Whether its test loss enters the statistics: completed and evaluated."""
         return self.status == COMPLETED and self.evaluation is not None
+
+    @property
+    def skipped_steps(self) -> int:
+        """Updates skipped for a non-finite gradient (the summary's count; 0 when it has none)."""
+        return self.summary.get("nonfinite_steps") or 0
+
+    @property
+    def fingerprinted(self) -> bool:
+        return bool(self.summary.get("segments"))
 
     def left_out_because(self) -> str:
         if self.status == DIVERGED:
@@ -68,10 +100,10 @@ class Run:
 
 @dataclass
 class Group:
-    """Runs whose configs agree on everything but their names and seeds."""
+    """Runs that compute the same thing but for their seeds: one norm type (and one value of each --vary key)."""
 
-    label: str  # the norm type, or "key=value, ..." of the values that define the group
-    values: dict  # the config values that define the group
+    label: str  # the norm type, then ", key=value" for each --vary key
+    values: dict  # the values that define the group: model.norm_type and the --vary keys
     runs: list[Run] = field(default_factory=list)  # one per seed
 
     def losses_by_seed(self) -> dict[str, float]:
@@ -90,33 +122,122 @@ def load_run(path: Path, which: str = "final", split: str = "test", precision: s
     except UserError:
         ckpt = None
     evaluation = read_eval_result(ckpt, split, precision) if ckpt is not None else None
-    return Run(path, flatten(run.read_config()), run.status(), run.summary() or {}, run.metrics(), evaluation)
+    config, summary = flatten(run.read_config()), run.summary() or {}
+    return Run(path, config, run.status(), summary, run.metrics(), evaluation,
+               computation(config, summary.get("segments")))
 
 
-def group_runs(runs: list[Run]) -> list[Group]:
-    keys = sorted({k for r in runs for k in r.config})
-    differing = [k for k in keys if not k.startswith(IGNORED_PREFIXES)
-                 and len({json.dumps(r.config.get(k), sort_keys=True) for r in runs}) > 1]
-    groups: dict[str, Group] = {}
+def _named(key: str, names) -> bool:
+    """Whether ``key`` is one of ``names`` or lies under one (``data.train`` names ``data.train.sha256``)."""
+    return any(key == n or key.startswith(n + ".") for n in names)
+
+
+def _compared_keys(runs: list[Run]) -> list[str]:
+    return sorted(k for k in {k for r in runs for k in r.view} if not k.startswith(NOT_COMPARED)
+                  and k != AXIS and k not in SEED_KEYS)
+
+
+NOT_RECORDED = "not recorded"  # a key a run has no value for (a run from before fingerprints)
+
+
+def _by_value(runs: list[Run], key: str) -> dict[str, list[Run]]:
+    """The runs by their value of ``key``, as it is shown (gpt.fingerprint.shown)."""
+    out: dict[str, list[Run]] = {}
     for r in runs:
-        values = {k: r.config.get(k) for k in differing}
-        if list(values) in (["model.norm_type"], []):  # the usual case, and a single group
-            label = str(r.config["model.norm_type"])
-        else:
-            label = ", ".join(f"{k}={v}" for k, v in values.items())
+        out.setdefault(shown(r.view[key]) if key in r.view else NOT_RECORDED, []).append(r)
+    return out
+
+
+def _listed(by_value: dict, describe=str) -> str:
+    """``value (run, run); value (run)``: each value with the runs that hold it."""
+    return "; ".join(f"{describe(v)} ({', '.join(r.path.name for r in rs)})" for v, rs in by_value.items())
+
+
+def check_names(runs: list[Run], vary: list[str], allow_differ: list[str]) -> None:
+    """Refuse a --vary or --allow-differ KEY that names nothing these runs record."""
+    keys = _compared_keys(runs)
+    for flag, names in (("--vary", vary), ("--allow-differ", allow_differ)):
+        for name in names:
+            if not any(_named(k, [name]) for k in keys):
+                raise UserError(f"{flag} {name}: no such key in these runs' configs or fingerprints; keys are "
+                                "dotted like optim.lr, train.precision, hardware.name, data.train.sha256 (a prefix "
+                                "such as data.train names every key under it)")
+
+
+def check_only_the_norm_differs(runs: list[Run], vary: list[str], allow_differ: list[str]) -> dict[str, list]:
+    """Refuse runs that differ in anything but the norm type, the seeds and the keys the user named; return
+    the keys allowed to differ that do, each with its values (as shown) and their runs."""
+    differing, allowed = [], {}
+    for key in _compared_keys(runs):
+        if _named(key, vary):
+            continue
+        by_value = _by_value(runs, key)
+        if len(by_value) > 1:
+            if _named(key, allow_differ):
+                allowed[key] = [{"value": v, "runs": [r.path.name for r in rs]} for v, rs in by_value.items()]
+            else:
+                differing.append(f"{key}: {_listed(by_value)}")
+    if differing:
+        raise UserError("these runs differ in more than the norm and the seeds, so a difference between them "
+                        f"would not be the norm's: {' | '.join(differing)}; compare runs that differ only in "
+                        "model.norm_type and seeds, or name each key: --vary KEY (an axis of the table) or "
+                        "--allow-differ KEY (accepted, and said in the report)")
+    return allowed
+
+
+def group_runs(runs: list[Run], vary: list[str] = ()) -> list[Group]:
+    """Groups by norm type and the --vary keys, in the write-up's order of norm types."""
+    groups: dict[str, Group] = {}
+    varied = [k for k in _compared_keys(runs) if _named(k, vary)]
+    for r in runs:
+        values = {AXIS: r.config[AXIS], **{k: r.view.get(k) for k in varied}}
+        label = ", ".join([str(r.config[AXIS]), *(f"{k}={v}" for k, v in values.items() if k != AXIS)])
         groups.setdefault(label, Group(label, values)).runs.append(r)
     for g in groups.values():
         seeds = [r.seed for r in g.runs]
         if len(seeds) != len(set(seeds)):
             raise UserError(f"group {g.label!r} has two runs with the same seed and config: "
                             + ", ".join(str(r.path) for r in g.runs))
-    return list(groups.values())
+
+    def order(g: Group):
+        norm = g.values[AXIS]
+        return (NORM_TYPES.index(norm) if norm in NORM_TYPES else len(NORM_TYPES), g.label)
+
+    return sorted(groups.values(), key=order)
+
+
+def choose_baseline(groups: list[Group], baseline: str | None) -> tuple[str, str]:
+    """The baseline group's label and why it is the baseline: named by --baseline, else handrolled_layernorm,
+    else the first norm type in the write-up's order when one group has it; never an accident of order."""
+    labels = [g.label for g in groups]
+    if baseline is not None:
+        if baseline not in labels:
+            raise UserError(f"--baseline {baseline!r} is not a group; groups: {', '.join(labels)}")
+        return baseline, "--baseline"
+    if DEFAULT_BASELINE in labels:
+        return DEFAULT_BASELINE, f"the default, {DEFAULT_BASELINE}, the write-up's baseline"
+    first = [g for g in groups if g.values[AXIS] == groups[0].values[AXIS]]
+    if len(first) > 1:
+        raise UserError(f"no default baseline among groups that differ in more than the norm: give --baseline, "
+                        f"one of: {', '.join(labels)}")
+    return labels[0], (f"the first norm type of these runs in the write-up's order ({', '.join(NORM_TYPES)}); "
+                       "--baseline names another")
 
 
 def _refuse_mixed(what: str, by_key: dict, describe, fix: str) -> None:
     if len(by_key) > 1:
-        described = "; ".join(f"{describe(k)} ({', '.join(r.path.name for r in v)})" for k, v in by_key.items())
-        raise UserError(f"these runs {what}, so their losses are not comparable: {described}; {fix}")
+        raise UserError(f"these runs {what}, so their losses are not comparable: {_listed(by_key, describe)}; {fix}")
+
+
+def tokens_evaluated(evaluation: dict) -> str:
+    """What the evaluated tokens were: the split's sha256 (or sampled sha256), or, for a result written before
+    evaluations were fingerprinted, the token set's folder."""
+    test = (evaluation.get("fingerprint") or {}).get("test") or {}
+    if test.get("sha256"):
+        return f"sha256 {test['sha256'][:12]}"
+    if test.get("sampled_sha256"):
+        return f"sampled sha256 {test['sampled_sha256'][:12]}"
+    return f"in {evaluation['data_dir']}"
 
 
 def check_comparable(runs: list[Run]) -> None:
@@ -126,13 +247,13 @@ def check_comparable(runs: list[Run]) -> None:
     for r in runs:
         if r.evaluation is not None:
             e = r.evaluation
-            ranges.setdefault((e["split"], e["offset"], e["n_tokens"], e["tokenizer"], e["data_dir"]), []).append(r)
+            ranges.setdefault((e["split"], e["offset"], e["n_tokens"], e["tokenizer"], tokens_evaluated(e)), []).append(r)
         if r.summary.get("total_steps") is not None:
             per_step = r.config["train.global_batch_size"] * r.config["model.context_length"]
             budgets.setdefault((r.summary["total_steps"], r.summary["total_steps"] * per_step), []).append(r)
     _refuse_mixed("were evaluated on different test tokens", ranges,
-                  lambda k: f"{k[0]} [{k[1]:,}, {k[1] + k[2]:,}) tokenizer {k[3]} in {k[4]}",
-                  "re-evaluate them on one range")
+                  lambda k: f"{k[0]} [{k[1]:,}, {k[1] + k[2]:,}) tokenizer {k[3]} {k[4]}",
+                  "re-evaluate them on one range of one token set")
     _refuse_mixed("trained for different lengths", budgets, lambda k: f"{k[0]:,} steps = {k[1]:,} tokens",
                   "train every run for the same train.steps or train.tokens (train.tokens_per_param counts the "
                   "parameters outside the norm layers, the same for every norm type)")
@@ -171,28 +292,48 @@ def _versus(g: Group, baseline: Group, margin: float | None) -> dict | None:
     return {**v, **noise(v, diffs, margin)}
 
 
+def crossed(group: Group) -> dict | None:
+    """The variance components of a group whose initialisation and data-order seeds are crossed (every
+    pair of at least 2 x 2 evaluated); the missing pairs of a design that is crossed but incomplete;
+    None for a group whose seeds are not crossed (one data seed per initialisation, the usual case)."""
+    cells = {(r.init_seed, r.data_seed): r.evaluation["loss"] for r in group.runs if r.usable}
+    inits, datas = sorted({i for i, _ in cells}), sorted({j for _, j in cells})
+    per_init = max((sum(i == k for k, _ in cells) for i in inits), default=0)
+    per_data = max((sum(j == k for _, k in cells) for j in datas), default=0)
+    if per_init < 2 or per_data < 2:
+        return None
+    missing = [f"{i}/{j}" for i in inits for j in datas if (i, j) not in cells]
+    if missing:
+        return {"init_seeds": inits, "data_seeds": datas, "missing": missing}
+    table = np.array([[cells[i, j] for j in datas] for i in inits])
+    return {"init_seeds": inits, "data_seeds": datas, "missing": [], **stats.variance_components(table)}
+
+
+def shared_by_all(runs: list[Run]) -> dict:
+    """The computation keys on which every run agrees (flat), and the recorded-only ones (code commit, ...)
+    where they agree too."""
+    shared = {}
+    for key in _compared_keys(runs):
+        by_value = _by_value(runs, key)
+        if len(by_value) == 1 and NOT_RECORDED not in by_value:
+            shared[key] = runs[0].view[key]
+    notes = [informational(r.summary.get("segments")) for r in runs]
+    for key in sorted({k for n in notes for k in n}):
+        values = {json.dumps(n.get(key), sort_keys=True) for n in notes}
+        if len(values) == 1:
+            shared[key] = notes[0][key]
+    test = {tokens_evaluated(r.evaluation) for r in runs if r.evaluation is not None}
+    if len(test) == 1:
+        shared["evaluation.test"] = test.pop()
+    steps = {r.summary.get("total_steps") for r in runs} - {None}
+    if len(steps) == 1:
+        shared["total_steps"] = steps.pop()
+    return shared
+
+
 def summarise(groups: list[Group], baseline_label: str, margin: float | None = None) -> dict:
     baseline = next(g for g in groups if g.label == baseline_label)
-    rows = []
-    for g in groups:
-        losses = list(g.losses_by_seed().values())
-        mean, sd, half = stats.mean_interval(losses)
-        finished = [r for r in g.runs if r.summary]
-        rows.append({
-            "group": g.label, "values": g.values, "seeds": [r.seed for r in g.runs],
-            "n_evaluated": len(losses), "test_loss_mean": mean, "test_loss_std": sd,
-            "test_loss_ci95": [mean - half, mean + half],
-            "vs_baseline": _versus(g, baseline, margin),
-            "tokens_per_s_mean": _mean([r.summary.get("tokens_per_s") for r in finished]),
-            "wall_seconds_mean": _mean([r.summary.get("wall_seconds") for r in finished]),
-            "status": {s: sum(r.status == s for r in g.runs) for s in sorted({r.status for r in g.runs})},
-            "diverged_at": [r.summary.get("diverged_at_step") for r in g.runs if r.status == DIVERGED],
-            "missing_evaluation": [str(r.path) for r in g.runs if r.evaluation is None and r.status == COMPLETED],
-            "left_out": [{"path": str(r.path), "seed": r.seed, "reason": r.left_out_because()}
-                         for r in g.runs if not r.usable],
-            "runs": [{"path": str(r.path), "seed": r.seed, "status": r.status,
-                      "test_loss": r.evaluation["loss"] if r.evaluation else None} for r in g.runs],
-        })
+    rows = [_row(g, baseline, margin) for g in groups]
     test = next((r.evaluation for g in groups for r in g.runs if r.evaluation), None)
     return {"baseline": baseline_label, "equivalence_margin": margin, "level": stats.LEVEL, "power": stats.POWER,
             "groups": rows,
@@ -200,19 +341,43 @@ def summarise(groups: list[Group], baseline_label: str, margin: float | None = N
                                                                           "tokenizer", "precision")}}
 
 
+def _row(g: Group, baseline: Group, margin: float | None) -> dict:
+    losses = list(g.losses_by_seed().values())
+    mean, sd, half = stats.mean_interval(losses)
+    finished = [r for r in g.runs if r.summary]
+    return {
+        "group": g.label, "values": g.values, "seeds": [r.seed for r in g.runs],
+        "n_evaluated": len(losses), "test_loss_mean": mean, "test_loss_std": sd,
+        "test_loss_ci95": [mean - half, mean + half],
+        "vs_baseline": _versus(g, baseline, margin),
+        "tokens_per_s_mean": _mean([r.summary.get("tokens_per_s") for r in finished]),
+        "wall_seconds_mean": _mean([r.summary.get("wall_seconds") for r in finished]),
+        "status": {s: sum(r.status == s for r in g.runs) for s in sorted({r.status for r in g.runs})},
+        "diverged_at": [r.summary.get("diverged_at_step") for r in g.runs if r.status == DIVERGED],
+        "skipped_steps": {r.seed: r.skipped_steps for r in g.runs if r.skipped_steps},
+        "decayed_norm_params": _decayed_norm_params(g.runs[0]),
+        "noise_sources": crossed(g),
+        "missing_evaluation": [str(r.path) for r in g.runs if r.evaluation is None and r.status == COMPLETED],
+        "left_out": [{"path": str(r.path), "seed": r.seed, "reason": r.left_out_because()}
+                     for r in g.runs if not r.usable],
+        "runs": [{"path": str(r.path), "seed": r.seed, "status": r.status, "skipped_steps": r.skipped_steps,
+                  "test_loss": r.evaluation["loss"] if r.evaluation else None} for r in g.runs],
+    }
+
+
+def _decayed_norm_params(run: Run) -> int | None:
+    """How many norm-layer parameters AdamW's weight decay pulls toward 0 (None: the run has no summary
+    with its parameter counts). Only optim.decay_norms_and_biases decays them (gpt.optimizer)."""
+    total, outside = run.summary.get("n_params"), run.summary.get("n_params_outside_norms")
+    if total is None or outside is None:
+        return None
+    decays = run.config.get("optim.decay_norms_and_biases") and run.config.get("optim.weight_decay")
+    return total - outside if decays else 0
+
+
 def _mean(xs):
     xs = [x for x in xs if isinstance(x, (int, float))]
     return float(np.mean(xs)) if xs else math.nan
-
-
-def _fmt(x, spec=".4f"):
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
-
-
-def _loss(x, sign: str = "") -> str:
-    """A loss difference: 6 decimals, or 3 significant digits when that would show only zeros."""
-    small = isinstance(x, float) and x != 0 and abs(x) < 5e-7
-    return _fmt(x, f"{sign}.2e" if small else f"{sign}.6f")
 
 
 def json_safe(value):
@@ -224,95 +389,6 @@ def json_safe(value):
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
     return value
-
-
-def markdown(result: dict) -> str:
-    lines = [f"# Comparison (baseline: {result['baseline']})", ""]
-    if result["test_range"]:
-        t = result["test_range"]
-        lines += [f"Test loss: mean cross-entropy over {t['split']} tokens [{t['offset']:,}, "
-                  f"{t['offset'] + t['n_tokens']:,}) of {t['data_dir']} ({t['tokenizer']}), {t['precision']}.", ""]
-    lines += _main_table(result["groups"])
-    lines += ["", "Intervals: t distribution; 'paired' pairs runs by seed (same initial weights outside the norm), "
-              "'welch' is unpaired. n/a: fewer than two seeds. Statistics use completed, evaluated runs only."]
-    lines += _noise_table(result)
-    left_out = [(g["group"], x) for g in result["groups"] for x in g["left_out"]]
-    if left_out:
-        lines += ["", "Left out of the statistics:"]
-        lines += [f"- {group}, seed {x['seed']} ({x['path']}): {x['reason']}" for group, x in left_out]
-    missing = [p for g in result["groups"] for p in g["missing_evaluation"]]
-    if missing:
-        lines += ["", "Not evaluated (run `python evaluate.py` on them): " + ", ".join(missing)]
-    return "\n".join(lines) + "\n"
-
-
-def _main_table(rows: list[dict]) -> list[str]:
-    lines = ["| group | seeds | test loss mean | std | vs baseline (95% CI) | tokens/s | wall s | status |",
-             "|---|---|---|---|---|---|---|---|"]
-    for g in rows:
-        v = g["vs_baseline"]
-        if v is None:
-            versus = "baseline"
-        elif v["method"] is None:
-            versus = "n/a"
-        else:
-            pairs = f", {v['n']} pair{'s' if v['n'] != 1 else ''}" if v["method"] == "paired" else ""
-            versus = f"{_loss(v['diff'], '+')} [{_loss(v['low'], '+')}, {_loss(v['high'], '+')}] {v['method']}{pairs}"
-        status = ", ".join(f"{n} {s}" for s, n in g["status"].items())
-        if g["diverged_at"]:
-            status += f" (diverged at step {', '.join(str(s) for s in g['diverged_at'])})"
-        if g["missing_evaluation"]:
-            status += f"; {len(g['missing_evaluation'])} not evaluated"
-        lines.append(f"| {g['group']} | {len(g['seeds'])} ({', '.join(g['seeds'])}) | "
-                     f"{_fmt(g['test_loss_mean'], '.6f')} | {_fmt(g['test_loss_std'], '.6f')} | {versus} | "
-                     f"{_fmt(g['tokens_per_s_mean'], ',.0f')} | {_fmt(g['wall_seconds_mean'], ',.0f')} | {status} |")
-    return lines
-
-
-def _noise_table(result: dict) -> list[str]:
-    margin = result["equivalence_margin"]
-    level, power = round(result["level"] * 100), round(result["power"] * 100)
-    verdict_head = f"equivalent within +-{margin:g} (TOST p)" if margin is not None else "equivalent"
-    lines = ["", f"## Noise and seeds needed (paired differences vs {result['baseline']})", "",
-             f"| group | pairs | sd of paired diff | smallest resolvable diff | seeds to resolve observed diff "
-             f"| {verdict_head} |", "|---|---|---|---|---|---|"]
-    for g in result["groups"]:
-        v = g["vs_baseline"]
-        if v is None:
-            continue
-        pairs = str(v["n"]) if v["method"] == "paired" else f"0 ({v['method'] or 'no runs'})"
-        if v["unpaired"]:
-            pairs += f"; unpaired seeds: {', '.join(v['unpaired'])}"
-        lines.append(f"| {g['group']} | {pairs} | {_loss(v['sd'])} | {_loss(v['resolvable_diff'])} | "
-                     f"{_seeds_needed_text(v)} | {_equivalence_text(v, margin)} |")
-    lines += ["", "- pairs: seeds that both this group and the baseline completed and evaluated; "
-              "each gives one difference d = loss - baseline loss.",
-              "- sd of paired diff: the sample standard deviation of those differences (the seed-to-seed noise "
-              "that pairing leaves).",
-              f"- smallest resolvable diff: the true difference these pairs detect at {level}% confidence with "
-              f"{power}% power: (t(0.975, n-1) + t(0.80, n-1)) * sd / sqrt(n).",
-              f"- seeds to resolve observed diff: the fewest pairs whose smallest resolvable difference (same "
-              f"{level}% / {power}%, the current sd taken as the truth) is at most the observed mean difference.",
-              "- equivalent within +-margin (--equivalence-margin): two one-sided t tests at 5% each, i.e. the "
-              "90% interval lies inside +-margin; 'not shown' means a difference of the margin is not ruled out."]
-    return lines
-
-
-def _seeds_needed_text(v: dict) -> str:
-    if v["method"] != "paired" or v["n"] < 2:
-        return "n/a (needs 2 pairs)"
-    if not v["diff"]:
-        return "n/a (no difference)"
-    return str(v["seeds_needed"]) if v["seeds_needed"] is not None else f"> {stats.MAX_SEEDS:,}"
-
-
-def _equivalence_text(v: dict, margin: float | None) -> str:
-    if margin is None:
-        return "give --equivalence-margin"
-    eq = v["equivalence"]
-    if eq is None or eq["equivalent"] is None:
-        return "n/a (needs 2 pairs)"
-    return f"{'yes' if eq['equivalent'] else 'not shown'} (p = {eq['p']:.3g})"
 
 
 CURVES = (("train_loss", "training loss", "train_loss.png", False),  # (key, label, file, log scale)
@@ -382,21 +458,24 @@ def _plot_test_loss(plt, colours, rows: list[dict], path: Path) -> Path:
 
 
 def compare(paths: list[Path], out: Path, baseline: str | None = None, *, which: str = "final",
-            split: str = "test", precision: str = "fp32", equivalence_margin: float | None = None) -> dict:
-    """Write comparison.md, comparison.json and the plots into ``out``; return the result."""
+            split: str = "test", precision: str = "fp32", equivalence_margin: float | None = None,
+            vary: list[str] = (), allow_differ: list[str] = ()) -> dict:
+    """Write comparison.md, comparison.json and the plots into ``out``; return the result. Runs that differ
+    in more than the norm and the seeds are refused before anything is written, unless each differing key
+    is named in ``vary`` (a group per value) or ``allow_differ`` (accepted, and said in the report)."""
     if equivalence_margin is not None and not equivalence_margin > 0:
         raise UserError(f"--equivalence-margin {equivalence_margin} must be > 0 (a loss difference, e.g. 0.01)")
     runs = [load_run(p, which, split, precision) for p in paths]
     if not runs:
         raise UserError("no runs to compare")
+    check_names(runs, vary, allow_differ)
     check_comparable(runs)
-    groups = group_runs(runs)
-    labels = [g.label for g in groups]
-    if baseline is None:
-        baseline = "handrolled_layernorm" if "handrolled_layernorm" in labels else labels[0]
-    if baseline not in labels:
-        raise UserError(f"--baseline {baseline!r} is not a group; groups: {', '.join(labels)}")
-    result = summarise(groups, baseline, equivalence_margin)
+    allowed = check_only_the_norm_differs(runs, vary, allow_differ)
+    groups = group_runs(runs, vary)
+    baseline, why = choose_baseline(groups, baseline)
+    result = {**summarise(groups, baseline, equivalence_margin), "baseline_rule": why,
+              "shared": shared_by_all(runs), "allowed_to_differ": allowed, "varied": list(vary),
+              "without_fingerprint": [r.path.name for r in runs if not r.fingerprinted]}
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "comparison.md").write_text(markdown(result))

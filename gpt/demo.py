@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     start = time.perf_counter()
 
-    from gpt.comparison import markdown
+    from gpt.report import markdown
     from gpt.config import load_config
     from gpt.grid import run_sweep
 

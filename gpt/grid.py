@@ -1,6 +1,8 @@
 """A grid of runs (norm types x seeds): train, evaluate, compare; safe to rerun.
 
-Each cell has a predictable run directory, ``<runs_dir>/<config stem>-<norm-type>-s<seed>``.
+Each cell has a predictable run directory, ``<runs_dir>/<config stem>-<norm-type>-s<seed>``
+(one seed for the initial weights and the data order), or, where the two are crossed to
+split the noise between them, ``<config stem>-<norm-type>-i<init seed>-s<data seed>``.
 A rerun skips cells that completed (or diverged: that is a result too), resumes cells
 that were interrupted or killed (``--resume auto``), evaluates cells that have no
 evaluation yet, and ends with the comparison of every cell.
@@ -32,7 +34,8 @@ class Cell:
     """One run of the grid."""
 
     norm_type: str  # the norm type it trains
-    seed: int  # its train.seed
+    seed: int  # its train.seed (the data order, and the initial weights unless init_seed)
+    init_seed: int | None  # its model.init_seed; None: the same as seed
     name: str  # its run.name, also its folder's name
     cfg: Config  # its resolved config
     overrides: list[str]  # the --set overrides that make the sweep's config this cell's
@@ -42,21 +45,40 @@ class Cell:
         return RunDir(self.cfg.run_dir)
 
 
-def cell_name(config: Path, norm_type: str, seed: int) -> str:
-    return f"{Path(config).stem}-{norm_type.replace('_', '-')}-s{seed}"
+def cell_name(config: Path, norm_type: str, seed: int, init_seed: int | None = None) -> str:
+    init = "" if init_seed is None else f"-i{init_seed}"
+    return f"{Path(config).stem}-{norm_type.replace('_', '-')}{init}-s{seed}"
 
 
-def plan(config: Path, norm_types: list[str], seeds: list[int], runs_dir: Path,
-         overrides: list[str] = (), seeds_for: dict[str, list[int]] | None = None) -> list[Cell]:
+def seed_pairs(seeds: list[int], init_seeds: list[int] | None = None,
+               data_seeds: list[int] | None = None) -> list[tuple[int | None, int]]:
+    """(init seed, data seed) of each cell of one norm type: ``seeds`` as (None, seed), or, with both
+    ``init_seeds`` and ``data_seeds``, every pair of them crossed."""
+    if (init_seeds is None) != (data_seeds is None):
+        raise UserError("--init-seeds and --data-seeds go together: every initialisation seed is trained with "
+                        "every data-order seed")
+    if init_seeds is None:
+        return [(None, s) for s in seeds]
+    for flag, values in (("--init-seeds", init_seeds), ("--data-seeds", data_seeds)):
+        if len(set(values)) < 2:
+            raise UserError(f"{flag} needs at least two different seeds to split the noise (got "
+                            f"{' '.join(map(str, values))})")
+    return [(i, d) for i in init_seeds for d in data_seeds]
+
+
+def plan(config: Path, norm_types: list[str], seeds: list[int], runs_dir: Path, overrides: list[str] = (),
+         seeds_for: dict[str, list[int]] | None = None, init_seeds: list[int] | None = None,
+         data_seeds: list[int] | None = None) -> list[Cell]:
     """Every cell's resolved config, validated before anything runs. ``seeds_for`` gives some norm
-    types other seeds than ``seeds``."""
+    types other seeds than ``seeds``; ``init_seeds`` with ``data_seeds`` cross the two instead."""
     cells = []
     for norm_type in norm_types:
-        for seed in (seeds_for or {}).get(norm_type, seeds):
-            name = cell_name(config, norm_type, seed)
+        for init, seed in seed_pairs((seeds_for or {}).get(norm_type, seeds), init_seeds, data_seeds):
+            name = cell_name(config, norm_type, seed, init)
             cell_overrides = [*overrides, f"model.norm_type={norm_type}", f"train.seed={seed}",
+                              *([f"model.init_seed={init}"] if init is not None else []),
                               f"run.name={name}", f"run.dir={Path(runs_dir) / name}"]
-            cells.append(Cell(norm_type, seed, name, load_config(config, cell_overrides), cell_overrides))
+            cells.append(Cell(norm_type, seed, init, name, load_config(config, cell_overrides), cell_overrides))
     return cells
 
 
@@ -103,13 +125,14 @@ def evaluate_cell(cell: Cell, nproc: int, log, where: str) -> None:
 
 
 def run_sweep(config: Path, norm_types: list[str], seeds: list[int], runs_dir: Path = Path("runs"), *,
-              seeds_for: dict[str, list[int]] | None = None, nproc: int = 1, overrides: list[str] = (),
+              seeds_for: dict[str, list[int]] | None = None, init_seeds: list[int] | None = None,
+              data_seeds: list[int] | None = None, nproc: int = 1, overrides: list[str] = (),
               out: Path | None = None, baseline: str | None = None, equivalence_margin: float | None = None,
-              dry_run: bool = False, log=print) -> dict | None:
-    """Run the grid of ``config`` x ``norm_types`` x ``seeds`` (``seeds_for`` a norm type: its own) in
-    ``runs_dir``, ``nproc`` processes per run, and compare the cells into ``out``; returns the
-    comparison (None for a dry run, which only logs the commands)."""
-    cells = plan(config, norm_types, seeds, runs_dir, overrides, seeds_for)
+              allow_differ: list[str] = (), dry_run: bool = False, log=print) -> dict | None:
+    """Run the grid of ``config`` x ``norm_types`` x ``seeds`` (``seeds_for`` a norm type: its own; or
+    ``init_seeds`` x ``data_seeds`` crossed) in ``runs_dir``, ``nproc`` processes per run, and compare the
+    cells into ``out``; returns the comparison (None for a dry run, which only logs the commands)."""
+    cells = plan(config, norm_types, seeds, runs_dir, overrides, seeds_for, init_seeds, data_seeds)
     out = Path(out) if out is not None else Path(runs_dir) / f"{Path(config).stem}-comparison"
     for i, cell in enumerate(cells, 1):
         status = cell.run.status()
@@ -127,6 +150,8 @@ def run_sweep(config: Path, norm_types: list[str], seeds: list[int], runs_dir: P
         if cell.run.status() == COMPLETED:
             evaluate_cell(cell, nproc, log, where)
     if dry_run:
-        log(shlex.join([sys.executable, "-m", "gpt.compare", *[str(c.run.path) for c in cells], "--out", str(out)]))
+        log(shlex.join([sys.executable, "-m", "gpt.compare", *[str(c.run.path) for c in cells], "--out", str(out),
+                        *[a for key in allow_differ for a in ("--allow-differ", key)]]))
         return None
-    return compare([c.run.path for c in cells], out, baseline, equivalence_margin=equivalence_margin)
+    return compare([c.run.path for c in cells], out, baseline, equivalence_margin=equivalence_margin,
+                   allow_differ=allow_differ)

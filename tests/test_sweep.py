@@ -8,6 +8,7 @@ import sys
 import pytest
 from safetensors.torch import load_file
 
+from gpt.errors import UserError
 from gpt.grid import run_sweep
 from gpt.rundir import find_checkpoint
 
@@ -69,3 +70,40 @@ def test_dry_run_prints_commands(grid_cfg, tmp_path):
     assert "torch.distributed.run --standalone --nproc_per_node=2" in lines[0]
     assert "--set model.norm_type=no_norm --set train.seed=1 --set run.name=grid-no-norm-s1" in lines[0]
     assert lines[0].endswith("--resume auto") and "-m gpt.evaluate" in lines[1] and "-m gpt.compare" in lines[4]
+
+
+def test_crossed_seeds_split_the_noise(grid_cfg, tmp_path):
+    runs = tmp_path / "runs"
+    result = run_sweep(grid_cfg, ["pytorch_layernorm"], [0], runs, init_seeds=[0, 1], data_seeds=[3, 4],
+                       log=lambda line: None)
+    names = sorted(p.name for p in runs.iterdir() if p.name != "grid-comparison")
+    assert names == ["grid-pytorch-layernorm-i0-s3", "grid-pytorch-layernorm-i0-s4", "grid-pytorch-layernorm-i1-s3",
+                     "grid-pytorch-layernorm-i1-s4"]
+    [group] = result["groups"]
+    assert group["seeds"] == ["0/3", "0/4", "1/3", "1/4"]
+    losses = [r["test_loss"] for r in group["runs"]]
+    assert len(set(losses)) == 4  # the initial weights and the data order each change the result
+    noise = group["noise_sources"]
+    assert (noise["init_seeds"], noise["data_seeds"], noise["missing"]) == ([0, 1], [3, 4], [])
+    init_means = [(losses[0] + losses[1]) / 2, (losses[2] + losses[3]) / 2]
+    ms_init = 2 * sum((m - sum(losses) / 4) ** 2 for m in init_means)  # 1 degree of freedom
+    residual = noise["components"]["residual"]["mean_square"]
+    assert noise["components"]["init"]["estimate"] == pytest.approx((ms_init - residual) / 2)
+    md = (runs / "grid-comparison" / "comparison.md").read_text()
+    assert "pytorch_layernorm: 2 initialisation seeds x 2 data-order seeds" in md
+    with pytest.raises(UserError, match="--init-seeds and --data-seeds go together"):
+        run_sweep(grid_cfg, ["dyt"], [0], runs, init_seeds=[0, 1])
+    with pytest.raises(UserError, match=r"--data-seeds needs at least two different seeds to split the noise \(got 3 3\)"):
+        run_sweep(grid_cfg, ["dyt"], [0], runs, init_seeds=[0, 1], data_seeds=[3, 3])
+
+
+def test_dry_run_of_crossed_seeds(grid_cfg, tmp_path, capsys):
+    from gpt.sweep import main
+
+    assert main([str(grid_cfg), "--norm-types", "no_norm", "--init-seeds", "0", "1", "--data-seeds", "5", "6",
+                 "--runs-dir", str(tmp_path / "r"), "--allow-differ", "hardware.name", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    trains = [line for line in lines if "-m gpt.train" in line]
+    assert len(trains) == 4 and not (tmp_path / "r").exists()
+    assert "--set train.seed=6 --set model.init_seed=1 --set run.name=grid-no-norm-i1-s6" in trains[3]
+    assert lines[-1].endswith("--allow-differ hardware.name") and "-m gpt.compare" in lines[-1]

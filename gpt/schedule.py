@@ -1,7 +1,9 @@
 """Learning rate as a pure function of the step, so a resumed run needs no scheduler state.
 
-- ``cosine``: linear warmup from 0 to ``lr`` over the first ``warmup_frac`` of the steps,
-  then cosine decay to ``min_lr`` at the last step (the write-up: 5%, 1.4e-3 -> 1.4e-4).
+- ``cosine``: linear warmup over the first ``W = round(warmup_frac * total_steps)`` steps,
+  step ``s`` (0-based) taking ``lr * (s + 1) / W``: the first update uses ``lr / W``, never 0
+  (an update at lr 0 would be a wasted step), and step ``W - 1`` the peak; then cosine decay
+  from ``lr`` at step ``W`` to ``min_lr`` at the last step (the write-up: 5%, 1.4e-3 -> 1.4e-4).
 - ``constant``: the same warmup, then ``lr``.
 - ``wsd`` (warmup-stable-decay): the same warmup, ``lr`` until the last ``decay_frac``
   of the steps, then linear decay to ``min_lr``.

@@ -22,8 +22,8 @@ from gpt.checkpoint import checkpoint_config, load_weights, read_info
 from gpt.config import Config, config_from_dict
 from gpt.data import DataError, TokenRange, open_split, resolve_data_dir, tokenizer_name
 from gpt.distributed import Dist
-from gpt.fingerprint import evaluation_fingerprint
 from gpt.errors import UserError
+from gpt.fingerprint import evaluation_fingerprint
 from gpt.hf import load_hf_gpt2
 from gpt.loss import autocast_for
 from gpt.model import GPT

@@ -408,6 +408,7 @@ def test_the_baseline_is_never_an_accident_of_order(tmp_path):
 
 def test_the_report_says_what_every_run_shares(runs, tmp_path):
     result = compare(runs, tmp_path / "out")
+    assert result["shared"]["train.precision"] == "bf16" and result["shared"]["data.train.sha256"] == "a" * 64
     md = (tmp_path / "out" / "comparison.md").read_text()
     assert "Baseline: the default, handrolled_layernorm, the write-up's baseline." in md
     assert "- precision as used: bf16; compile on; TF32 on" in md

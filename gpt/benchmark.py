@@ -11,6 +11,10 @@ difference to ``config`` is what reading costs).
 A norm row times one norm layer's forward and backward on a (B, T, D) activation in
 fp32 under the configured autocast: what the norm sees in a training step, where the
 residual stream stays fp32.
+
+Rows are handed to ``emit`` the moment each is measured, so a benchmark stopped part-way
+(a time limit, a kill) keeps every finished row. A row that raises (out of memory, a
+compile failure) becomes an error row naming the exception, and the next row runs.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import torch
 from gpt.config import Config
 from gpt.data import resolve_data_dir, write_random_set
 from gpt.distributed import Dist, device_name, peak_memory_bytes
-from gpt.errors import UserError
+from gpt.errors import UserError, first_line
 from gpt.fastpath import auto_precision, resolve
 from gpt.loss import autocast_for
 from gpt.norms import make_norm
@@ -131,9 +135,23 @@ def free_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def measured(row: dict, measure, device: torch.device, emit) -> dict:
+    """``row`` with what ``measure()`` returns, or, if it raises, with the error instead (the next row
+    still runs); handed to ``emit`` at once."""
+    try:
+        row = {**row, **measure()}
+    except Exception as e:  # out of memory, a compile failure: this row's result, not the benchmark's end
+        free_memory(device)
+        row = {**row, "error": f"{type(e).__name__}: {first_line(e)}"}
+    if emit is not None:
+        emit(row)
+    return row
+
+
 def step_rows(cfg: Config, d: Dist, norm_types: list[str], compiles: list[bool], *, steps: int, warmup: int,
-              data: str, peak: float | None = None) -> list[dict]:
-    """One row per (compile setting, norm type): speed, MFU and memory of the training step."""
+              data: str, peak: float | None = None, emit=None) -> list[dict]:
+    """One row per (compile setting, norm type), in that order: speed, MFU and memory of the training step;
+    each handed to ``emit`` as soon as it is measured."""
     data_dir = data_for(cfg, d, data, warmup + steps)
     device = device_name(d.device)
     peak = peak if peak is not None else peak_tflops(device)
@@ -142,14 +160,12 @@ def step_rows(cfg: Config, d: Dist, norm_types: list[str], compiles: list[bool],
         for compile_ in compiles:
             for norm_type in norm_types:
                 c = bench_config(cfg, norm_type, compile_, warmup + steps)
-                r = time_steps(c, d, data_dir, data == "ready", steps, warmup)
-                rows.append({
-                    "mode": "step", "config": cfg.run.name, "norm_type": norm_type, "compile": compile_, **r,
-                    "compile_s": r["first_step_s"] - r["ms_per_step"] / 1e3 if compile_ else None,
-                    "mfu": mfu(r["flops_per_token"], r["tokens_per_s"], peak, d.world_size), "peak_tflops": peak,
-                    "device": device, "world_size": d.world_size, "micro_batch": c.train.micro_batch_size,
-                    "global_batch": c.train.global_batch_size, "tokens_per_step": c.tokens_per_step,
-                    "steps": steps, "warmup": warmup, "data": data})
+                row = {"mode": "step", "config": cfg.run.name, "norm_type": norm_type, "compile": compile_,
+                       "device": device, "world_size": d.world_size, "micro_batch": c.train.micro_batch_size,
+                       "global_batch": c.train.global_batch_size, "tokens_per_step": c.tokens_per_step,
+                       "steps": steps, "warmup": warmup, "data": data, "peak_tflops": peak}
+                rows.append(measured(row, lambda: step_numbers(c, d, data_dir, data, steps, warmup, peak), d.device,
+                                     emit))
     finally:
         if data == "synthetic":
             d.barrier()
@@ -158,13 +174,21 @@ def step_rows(cfg: Config, d: Dist, norm_types: list[str], compiles: list[bool],
     return with_ratios(rows)
 
 
+def step_numbers(cfg: Config, d: Dist, data_dir: Path, data: str, steps: int, warmup: int,
+                 peak: float | None) -> dict:
+    """A step row's measurements: ``time_steps`` and what follows from it (compile time, MFU)."""
+    r = time_steps(cfg, d, data_dir, data == "ready", steps, warmup)
+    return {**r, "compile_s": r["first_step_s"] - r["ms_per_step"] / 1e3 if cfg.train.compile else None,
+            "mfu": mfu(r["flops_per_token"], r["tokens_per_s"], peak, d.world_size)}
+
+
 def with_ratios(rows: list[dict]) -> list[dict]:
     """Add each row's step time relative to the hand-rolled LayerNorm row of the same compile setting
-    (None where that row is missing): below 1, faster."""
-    base = {r["compile"]: r["ms_per_step"] for r in rows if r["norm_type"] == BASELINE}
+    (None where that row is missing or failed): below 1, faster."""
+    base = {r["compile"]: r["ms_per_step"] for r in rows if r["norm_type"] == BASELINE and "error" not in r}
     for r in rows:
         b = base.get(r["compile"])
-        r[f"time_vs_{BASELINE}"] = r["ms_per_step"] / b if b else None
+        r[f"time_vs_{BASELINE}"] = r["ms_per_step"] / b if b and "error" not in r else None
     return rows
 
 
@@ -187,19 +211,20 @@ def time_norm(norm_type: str, shape: tuple[int, int, int], device: torch.device,
 
 
 def norm_rows(norm_types: list[str], compiles: list[bool], *, shape: tuple[int, int, int], device: torch.device,
-              precision: str, steps: int, warmup: int) -> list[dict]:
-    """One row per (compile setting, norm type): the norm layer alone."""
+              precision: str, steps: int, warmup: int, emit=None) -> list[dict]:
+    """One row per (compile setting, norm type): the norm layer alone; each handed to ``emit`` when measured."""
     rows = []
     for compile_ in compiles:
         for norm_type in norm_types:
-            seconds = time_norm(norm_type, shape, device, precision, compile_, steps, warmup)
-            rows.append({"mode": "norm", "norm_type": norm_type, "compile": compile_, "shape": list(shape),
-                         "precision": precision, **step_stats(seconds), "device": device_name(device),
-                         "steps": steps, "warmup": warmup})
+            row = {"mode": "norm", "norm_type": norm_type, "compile": compile_, "shape": list(shape),
+                   "precision": precision, "device": device_name(device), "steps": steps, "warmup": warmup}
+            rows.append(measured(row, lambda: step_stats(time_norm(norm_type, shape, device, precision, compile_,
+                                                                   steps, warmup)), device, emit))
             free_memory(device)
-    eager_base = next((r["ms_per_step"] for r in rows if r["norm_type"] == BASELINE and not r["compile"]), None)
+    eager_base = next((r["ms_per_step"] for r in rows if r["norm_type"] == BASELINE and not r["compile"]
+                       and "error" not in r), None)
     for r in rows:  # against eager hand-rolled LayerNorm: hand-rolled vs PyTorch vs compiled at a glance
-        r[f"time_vs_{BASELINE}"] = r["ms_per_step"] / eager_base if eager_base else None
+        r[f"time_vs_{BASELINE}"] = r["ms_per_step"] / eager_base if eager_base and "error" not in r else None
     return rows
 
 

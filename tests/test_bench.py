@@ -107,6 +107,34 @@ def test_norms_only_rows():
     assert rows[0]["time_vs_handrolled_layernorm"] == 1.0
 
 
+def test_rows_are_kept_as_they_come_and_a_failing_row_does_not_end_the_run(tmp_path, monkeypatch):
+    from gpt import benchmark
+    from gpt.bench import append_to, table
+
+    real = benchmark.time_norm
+
+    def time_norm(norm_type, *args):
+        if norm_type == "pytorch_layernorm":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
+        return real(norm_type, *args)
+
+    monkeypatch.setattr(benchmark, "time_norm", time_norm)
+    path = tmp_path / "rows.jsonl"
+    seen = []
+
+    def emit(row):
+        append_to(path)(row)
+        seen.append(len(path.read_text().splitlines()))  # on disk the moment it is measured
+
+    rows = benchmark.norm_rows(["handrolled_layernorm", "pytorch_layernorm", "dyt"], [False], shape=(2, 8, 16),
+                               device=torch.device("cpu"), precision="fp32", steps=2, warmup=1, emit=emit)
+    assert seen == [1, 2, 3] and [json.loads(x)["norm_type"] for x in path.read_text().splitlines()] == [
+        "handrolled_layernorm", "pytorch_layernorm", "dyt"]
+    assert rows[1]["error"] == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert "ms_per_step" in rows[2] and rows[1]["time_vs_handrolled_layernorm"] is None
+    assert "pytorch_layernorm                off  failed: OutOfMemoryError: CUDA out of memory." in table(rows)
+
+
 def test_bench_mistakes_are_one_line(train_yaml):
     for args, message in [(["--steps", "0", str(train_yaml())], "--steps 0 --warmup 3: both must be >= 1"),
                           ([], "give a CONFIG to time its training steps, or --norms-only"),

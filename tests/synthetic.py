@@ -1,5 +1,6 @@
 """Test data and configs made on the spot, with no pytest needed (tests/test_cuda.py runs without it too)."""
 
+import contextlib
 import hashlib
 import json
 from pathlib import Path
@@ -54,3 +55,60 @@ log: {{log_every: 1, progress: false}}
     path = folder / f"{name}.yaml"
     path.write_text(text)
     return path
+
+
+SYNC_PERMITTED = ("first_step", "log_record", "check_divergence", "validate", "checkpoint", "finish")
+
+
+@contextlib.contextmanager
+def no_sync_between_log_steps(get_mode=None, set_mode=None):
+    """Within it, any CUDA synchronisation a training run makes between its permitted points raises.
+
+    CUDA's sync debug mode is "error" from the start of every step but the first (which may
+    wait: it creates the optimizer state) until the next call of a permitted method (log,
+    divergence counters, validation, checkpoint, the end), which run in mode 0 and put back
+    the mode they found. A run's end leaves mode 0, so the next run's setup (its model's copy
+    to the GPU blocks) is not checked. ``get_mode`` / ``set_mode``: torch.cuda's, unless given
+    (a CPU test fakes them).
+    """
+    import torch
+
+    from gpt.distributed import Dist
+    from gpt.trainer import Trainer
+
+    get_mode = get_mode or torch.cuda.get_sync_debug_mode
+    set_mode = set_mode or torch.cuda.set_sync_debug_mode
+    originals = {name: getattr(Trainer, name) for name in (*SYNC_PERMITTED, "train_step", "train")}
+    sync = Dist.synchronize
+
+    def permitted(fn):
+        def call(*args, **kw):
+            mode = get_mode()
+            set_mode(0)
+            try:
+                return fn(*args, **kw)
+            finally:
+                set_mode(mode)
+        return call
+
+    def strict_step(self):
+        if self.first_step_seconds is not None:
+            set_mode("error")  # from here to the next permitted call
+        return originals["train_step"](self)
+
+    def whole_run(self):
+        try:
+            return originals["train"](self)
+        finally:
+            set_mode(0)  # the end of a run: what comes next (another run's setup) may wait for the GPU
+
+    for name in SYNC_PERMITTED:
+        setattr(Trainer, name, permitted(originals[name]))
+    Trainer.train_step, Trainer.train, Dist.synchronize = strict_step, whole_run, permitted(sync)
+    try:
+        yield
+    finally:
+        set_mode(0)
+        for name, fn in originals.items():
+            setattr(Trainer, name, fn)
+        Dist.synchronize = sync

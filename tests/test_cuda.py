@@ -2,7 +2,8 @@
 
 Marked ``cuda`` and skipped, with the reason, where torch sees no GPU. ``scripts/gpu_check.sh``
 runs them on a GPU machine: with pytest (``pytest -m cuda``), or, where the machine has no
-pytest, as a script (``python tests/test_cuda.py``), each test in its own temporary folder.
+pytest, as a script (``python tests/test_cuda.py [NAME ...]``: the tests whose names hold a
+NAME, or all), each test in its own temporary folder.
 """
 
 import json
@@ -21,7 +22,7 @@ from gpt.model import GPT
 from gpt.rundir import find_checkpoint
 from gpt.speed import peak_tflops
 from gpt.trainer import Trainer, train
-from synthetic import ROOT, write_token_set, write_train_yaml
+from synthetic import ROOT, no_sync_between_log_steps, write_token_set, write_train_yaml
 
 try:
     import pytest
@@ -84,7 +85,8 @@ def test_every_fast_path_option_computes_the_same_function_on_the_gpu(tmp_path):
                               ("compiled", "train.compile=true", 1e-3)]:
         losses, summary = run(tmp_path, name, *PLAIN, option)
         assert close(losses, plain, rel), (name, losses, plain)
-    assert summary["compile"] is True and summary["first_step_seconds"] > 1.0
+    # compiled; its first step timed apart (how long it took depends on inductor's warm disk caches)
+    assert summary["compile"] is True and summary["first_step_seconds"] > 0
 
 
 def test_the_default_fast_path_on_the_gpu(tmp_path):
@@ -139,38 +141,10 @@ def split_first(cfg) -> None:
 
 def test_no_step_waits_for_the_gpu_between_log_steps(tmp_path):
     # Every CUDA synchronisation outside the named log / validation / checkpoint work raises.
-    allowed = ["first_step", "log_record", "check_divergence", "validate", "checkpoint", "finish"]
-    originals = {name: getattr(Trainer, name) for name in allowed + ["train_step"]}
-
-    def permitted(fn):
-        def call(*args, **kw):
-            mode = torch.cuda.get_sync_debug_mode()
-            torch.cuda.set_sync_debug_mode(0)
-            try:
-                return fn(*args, **kw)
-            finally:
-                torch.cuda.set_sync_debug_mode(mode)
-        return call
-
-    def strict_step(self):
-        if self.first_step_seconds is not None:  # the first step may wait (it creates the optimizer state)
-            torch.cuda.set_sync_debug_mode("error")  # from here to the next permitted call
-        return originals["train_step"](self)
-
-    from gpt.distributed import Dist
-    sync = Dist.synchronize
-    for name in allowed:
-        setattr(Trainer, name, permitted(originals[name]))
-    Trainer.train_step, Dist.synchronize = strict_step, permitted(sync)
-    try:
+    with no_sync_between_log_steps():
         for precision in ("bf16", "fp16"):
             run(tmp_path, precision, f"train.precision={precision}", "train.compile=false", "log.log_every=5",
                 "optim.grad_clip=1.0", steps=12)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-        for name, fn in originals.items():
-            setattr(Trainer, name, fn)
-        Dist.synchronize = sync
 
 
 def test_nccl_ddp_on_two_gpus_equals_one_process(tmp_path):
@@ -216,13 +190,16 @@ def test_bench_on_the_gpu(tmp_path):
         assert r["peak_memory_bytes"] > 0 and (r["compile_s"] is not None) == r["compile"]
 
 
-def main() -> int:
-    """Run every test here without pytest, each in a fresh temporary folder; exit 1 if any failed."""
+def main(names: list[str]) -> int:
+    """Run the tests here without pytest (those whose names hold one of ``names``; all without any), each
+    in a fresh temporary folder; exit 1 if any failed."""
     if not torch.cuda.is_available():
         print(f"skipped: {NO_GPU}")
         return 0
     failed = 0
-    for name, fn in [(n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)]:
+    chosen = [(n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)
+              and (not names or any(part in n for part in names))]
+    for name, fn in chosen:
         with tempfile.TemporaryDirectory() as tmp:
             try:
                 fn(Path(tmp)) if fn.__code__.co_argcount else fn()
@@ -236,4 +213,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

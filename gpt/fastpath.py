@@ -44,7 +44,12 @@ def resolve(train, device: torch.device) -> FastPath:
 
 
 def apply_tf32(enabled: bool) -> None:
-    """Let CUDA fp32 matmuls and convolutions use TF32 (or not). Process-wide, as torch has it."""
+    """Let CUDA fp32 matmuls and convolutions use TF32 (or not). Process-wide, as torch has it.
+
+    Through one API only: ``fp32_precision`` from torch 2.9 on (``allow_tf32`` before). Once it is
+    set, torch's legacy readers (``allow_tf32``, ``get_float32_matmul_precision()``) raise, and
+    ``torch.compile``'s max-autotune mode calls them; so the trainer compiles in the default mode
+    (tested), and nothing here sets TF32 any other way."""
     mode = "tf32" if enabled else "ieee"
     if hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch >= 2.9
         torch.backends.cuda.matmul.fp32_precision = mode

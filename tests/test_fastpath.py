@@ -93,3 +93,30 @@ def test_the_first_step_counts_in_wall_time_but_in_no_rate():
     th._last = th._last.__class__(th._last.time - 2.0, th._last.step, th._last.paused)
     assert th.since_last_log(3) == pytest.approx(2 * 10 / 2.0, rel=1e-2)  # 2 steps in 2 s, not in 52
     assert th.seconds() >= 50.0
+
+
+def test_tf32_is_set_through_one_api_and_compile_never_autotunes(train_yaml, monkeypatch):
+    # after torch >= 2.9's fp32_precision is set, its legacy readers (allow_tf32,
+    # get_float32_matmul_precision) raise, and max-autotune calls them: the trainer compiles in the default mode
+    from gpt.distributed import Dist
+    from gpt.fastpath import apply_tf32
+    from gpt.trainer import Trainer
+
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: calls.append(kw) or model)
+    trainer = Trainer(load_config(train_yaml(), ["train.compile=true"]), Dist())
+    trainer.open_reader(trainer.cfg.data.path)
+    trainer.build()
+    trainer.prepare_step()
+    trainer.release()
+    assert calls == [{}]  # torch.compile(model): default mode, no max-autotune
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):  # torch >= 2.9: the new API alone
+        before, conv_before = matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision
+        try:
+            apply_tf32(True)
+            assert matmul.fp32_precision == "tf32" and torch.backends.cudnn.conv.fp32_precision == "tf32"
+            apply_tf32(False)
+            assert matmul.fp32_precision == "ieee"
+        finally:
+            matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = before, conv_before

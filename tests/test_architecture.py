@@ -13,7 +13,8 @@ PACKAGE = ROOT / "gpt"
 # Lowest first. A module may import only modules of a lower layer (the README's Layout section
 # draws the same map). A new module must be placed here: the test names it until it is.
 LAYERS = [
-    ["errors", "norms", "schedule", "loss", "plots", "monitors", "stats", "rng", "fastpath", "speed"],  # nothing from gpt/ but errors
+    ["errors", "norms", "schedule", "loss", "plots", "monitors", "stats", "rng", "fastpath", "speed",
+     "stages"],  # nothing from gpt/ but errors
     ["config.schema", "tokenizer", "distributed", "data", "sources", "report"],
     ["config.loader"],
     ["config"],
@@ -22,7 +23,8 @@ LAYERS = [
     ["metrics", "hub"],
     ["trainer", "evaluation", "comparison"],  # siblings: none of them imports another
     ["grid", "benchmark"],
-    ["train", "evaluate", "compare", "sweep", "prepare_data", "demo", "bench", "push_to_hub", "generate"],  # the commands
+    ["train", "evaluate", "compare", "sweep", "prepare_data", "demo", "bench", "push_to_hub", "generate",
+     "gpu_check"],  # the commands
 ]
 RUN_DIR_FILES = {"config.yaml", "metrics.jsonl", "summary.json", "wandb_id.txt", "checkpoints", "hub.json",
                  ".hub-staging"}

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import gc
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -293,7 +294,13 @@ def find_micro_batch(cfg: Config, d: Dist) -> str:
         raise UserError("--find-micro-batch measures GPU memory, and no CUDA GPU is visible here; run it on "
                         "the kind of machine you will train on")
     limit = cfg.train.global_batch_size
-    largest = largest_fitting(lambda m: fits_in_memory(cfg, d, m), limit)
+
+    def probe(m: int) -> bool:  # each probe said as it ends: a search stopped part-way still tells something
+        fits = fits_in_memory(cfg, d, m)
+        print(f"micro-batch {m}: {'fits' if fits else 'out of memory'}", file=sys.stderr, flush=True)
+        return fits
+
+    largest = largest_fitting(probe, limit)
     if largest == 0:
         raise UserError(f"not even a micro-batch of 1 x {cfg.model.context_length} tokens fits on "
                         f"{device_name(d.device)}; use a smaller model or context")

@@ -8,8 +8,8 @@ of the budget after the least time every later stage needs (their ``min_s``), up
 earlier, cheaper stage goes first) and the later ones are skipped, each listed with the
 time it was left. A stage
 that runs past its limit is stopped (SIGTERM to its whole group, then SIGKILL); one that
-keeps its results as they come (``cut_ok``: a benchmark writing one row at a time) is then
-"cut", not failed. After every stage ``on_stage`` is called with the outcomes so far, so
+keeps its results as they come (``cut_ok``: a benchmark writing one row at a time, a search
+logging each probe) is then "cut", not failed. After every stage ``on_stage`` is called with the outcomes so far, so
 a summary can be rewritten each time.
 """
 
@@ -38,7 +38,7 @@ class Stage:
     log: str  # the file in the output folder its stdout and stderr are appended to
     min_s: float  # the least time worth starting it with
     max_s: float | None = None  # its own cap; None: whatever is left
-    cut_ok: bool = False  # it keeps its results as they come: running out of time cuts it, it does not fail
+    cut_ok: bool = False  # a measurement that keeps its results as they come: out of time cuts it, not fails it
 
 
 @dataclass

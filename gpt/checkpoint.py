@@ -35,9 +35,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 
 from gpt.config import RESUMABLE, Config, ConfigError, config_differences, load_config
-from gpt.errors import UserError, first_line, os_reason
+from gpt.errors import UserError, first_line, os_reason, shortened
 
 MODEL_FILE, STATE_FILE, CONFIG_FILE, INFO_FILE = "model.safetensors", "state.pt", "config.yaml", "checkpoint.json"
+# torch's own message for such a file advises the unsafe load: it is never repeated
+UNSAFE = "holds objects a safe (weights-only) load refuses, so this trainer did not write it; it is not loaded"
 POINTERS = ("latest", "best")
 STEP_NAME = re.compile(r"step-\d{8}")
 
@@ -119,8 +121,10 @@ def save_checkpoint(root: Path, step: int, model: torch.nn.Module, *, state: dic
         (tmp / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
         for f in tmp.iterdir():
             _fsync(f)
-    except (OSError, RuntimeError, SafetensorError) as e:  # torch's and safetensors' write errors
+    except BaseException as e:  # a write error, or a stop at once: nothing half-written is left behind
         shutil.rmtree(tmp, ignore_errors=True)
+        if not isinstance(e, (OSError, RuntimeError, SafetensorError)):  # torch's and safetensors' write errors
+            raise
         try:
             last = read_pointer(root, "latest")
         except CheckpointError:
@@ -192,6 +196,12 @@ def problem(ckpt: Path) -> str | None:
         if bad is not None:
             return f"{STATE_FILE} is damaged (bad checksum in {bad})"
     except (zipfile.BadZipFile, OSError, EOFError) as e:
+        return f"{STATE_FILE} is damaged ({first_line(e)})"
+    try:  # the pickle parsed as load_state will (tensors memory-mapped, not read): one a safe load refuses
+        torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError:
+        return f"{STATE_FILE} {UNSAFE}"
+    except (RuntimeError, OSError, ValueError, EOFError) as e:
         return f"{STATE_FILE} is damaged ({first_line(e)})"
     try:
         checkpoint_config(ckpt)
@@ -284,7 +294,9 @@ def load_weights(model: torch.nn.Module, ckpt: Path) -> None:
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:  # a damaged file
         raise CheckpointError(f"{path}: cannot load ({first_line(e)}); the file is damaged") from None
     if missing or unexpected:
-        raise CheckpointError(f"{ckpt}: weights do not fit the model (missing {missing}, unexpected {unexpected})")
+        raise CheckpointError(f"{ckpt}: weights do not fit the model ({len(missing)} missing: {shortened(missing)}; "
+                              f"{len(unexpected)} unexpected: {shortened(unexpected)}); it holds another model: "
+                              "use the config it was trained with")
 
 
 def load_state(ckpt: Path) -> dict:
@@ -293,5 +305,7 @@ def load_state(ckpt: Path) -> dict:
         return torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing; choose another checkpoint") from None
-    except (RuntimeError, OSError, ValueError, EOFError, pickle.UnpicklingError) as e:  # damaged or foreign
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"{path}: {UNSAFE}; choose another checkpoint") from None
+    except (RuntimeError, OSError, ValueError, EOFError) as e:  # damaged or foreign
         raise CheckpointError(f"{path}: cannot load ({first_line(e)}); the file is damaged") from None

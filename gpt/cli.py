@@ -15,6 +15,7 @@ from typing import Callable
 
 from gpt.config import Config, load_config
 from gpt.errors import UserError
+from gpt.monitors import StopNow
 
 USER_ERROR_EXIT = 2
 
@@ -24,8 +25,12 @@ def is_rank0() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
+INTERRUPTED_EXIT = 130  # Ctrl-C before a command had anything to keep (the shell's own 128 + SIGINT)
+
+
 def command(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], int]:
-    """Turn a ``UserError`` raised by ``main`` into ``error: <message>`` on stderr (rank 0) and exit status 2."""
+    """Turn a ``UserError`` raised by ``main`` into ``error: <message>`` on stderr (rank 0) and exit status 2;
+    a Ctrl-C or a run stopped at once by a third signal into one line, never a traceback."""
 
     @functools.wraps(main)
     def wrapped(argv: list[str] | None = None) -> int:
@@ -35,6 +40,14 @@ def command(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | No
             if is_rank0():
                 print(f"error: {e}", file=sys.stderr)
             return USER_ERROR_EXIT
+        except StopNow as e:
+            if is_rank0():
+                print(f"{e}; the newest checkpoint stands: --resume auto continues from it", file=sys.stderr)
+            return StopNow.EXIT_CODE
+        except KeyboardInterrupt:
+            if is_rank0():
+                print("interrupted (Ctrl-C)", file=sys.stderr)
+            return INTERRUPTED_EXIT
 
     return wrapped
 

@@ -37,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--equivalence-margin", type=float, metavar="DELTA",
                         help="also test whether each group is equivalent to the baseline within +-DELTA "
                              "(two one-sided t tests on the paired differences)")
+    parser.add_argument("--tokens", type=int, metavar="N",
+                        help="the results evaluate.py kept over N tokens from --offset (as its --tokens gave them; "
+                             "default: over each run's configured test range)")
+    parser.add_argument("--offset", type=int, help="with --tokens: the first token (default: data.test_offset)")
     parser.add_argument("--vary", action="append", default=[], metavar="KEY",
                         help="a config or fingerprint key the runs may differ in, as an axis of the table: one "
                              "group per norm type and value (repeatable)")
@@ -44,13 +48,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="a key the runs may differ in without forming groups; the report says so "
                              "(repeatable; a prefix like data.train names every key under it)")
     args = parser.parse_args(argv)
+    if args.offset is not None and args.tokens is None:
+        parser.error("--offset needs --tokens: a range kept by evaluate.py is named by its first and last token")
 
     from gpt.comparison import compare
     from gpt.report import markdown
 
     result = compare(args.runs, args.out, args.baseline, which=args.which, split=args.split,
                      precision=args.precision, equivalence_margin=args.equivalence_margin, vary=args.vary,
-                     allow_differ=args.allow_differ)
+                     allow_differ=args.allow_differ, tokens=args.tokens, offset=args.offset)
     print(markdown(result), end="")
     print(f"\nwrote {args.out / 'comparison.md'}, comparison.json and plots: "
           + ", ".join(Path(p).name for p in result["plots"]))

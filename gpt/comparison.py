@@ -111,8 +111,11 @@ class Group:
         return {r.seed: r.evaluation["loss"] for r in self.runs if r.usable}
 
 
-def load_run(path: Path, which: str = "final", split: str = "test", precision: str = "fp32") -> Run:
-    """A run directory and the evaluation of its checkpoint ``which`` on ``split`` in ``precision``."""
+def load_run(path: Path, which: str = "final", split: str = "test", precision: str = "fp32",
+             tokens: int | None = None, offset: int | None = None) -> Run:
+    """A run directory and the evaluation of its checkpoint ``which`` on ``split`` in ``precision``: over the
+    run's configured test range, or, given ``tokens``, over [offset, offset + tokens) (``offset`` defaulting to
+    the run's data.test_offset), as ``evaluate.py --tokens / --offset`` kept it."""
     path = Path(path)
     run = RunDir(path)
     if not run.config_file.is_file() or not run.metrics_file.is_file():
@@ -121,8 +124,10 @@ def load_run(path: Path, which: str = "final", split: str = "test", precision: s
         ckpt = run.checkpoint(which)  # only a completed run has a final one
     except UserError:
         ckpt = None
-    evaluation = read_eval_result(ckpt, split, precision) if ckpt is not None else None
     config, summary = flatten(run.read_config()), run.summary() or {}
+    start = config.get("data.test_offset", 0) if offset is None else offset
+    span = None if tokens is None else (start, start + tokens)
+    evaluation = read_eval_result(ckpt, split, precision, span) if ckpt is not None else None
     return Run(path, config, run.status(), summary, run.metrics(), evaluation,
                computation(config, summary.get("segments")))
 
@@ -459,13 +464,14 @@ def _plot_test_loss(plt, colours, rows: list[dict], path: Path) -> Path:
 
 def compare(paths: list[Path], out: Path, baseline: str | None = None, *, which: str = "final",
             split: str = "test", precision: str = "fp32", equivalence_margin: float | None = None,
-            vary: list[str] = (), allow_differ: list[str] = ()) -> dict:
+            vary: list[str] = (), allow_differ: list[str] = (), tokens: int | None = None,
+            offset: int | None = None) -> dict:
     """Write comparison.md, comparison.json and the plots into ``out``; return the result. Runs that differ
     in more than the norm and the seeds are refused before anything is written, unless each differing key
     is named in ``vary`` (a group per value) or ``allow_differ`` (accepted, and said in the report)."""
     if equivalence_margin is not None and not equivalence_margin > 0:
         raise UserError(f"--equivalence-margin {equivalence_margin} must be > 0 (a loss difference, e.g. 0.01)")
-    runs = [load_run(p, which, split, precision) for p in paths]
+    runs = [load_run(p, which, split, precision, tokens, offset) for p in paths]
     if not runs:
         raise UserError("no runs to compare")
     check_names(runs, vary, allow_differ)

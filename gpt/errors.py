@@ -28,6 +28,12 @@ def os_reason(exc: BaseException) -> str:
     return first_line(exc)
 
 
+def shortened(items: list, keep: int = 3) -> str:
+    """``a, b, c and 4 more``: a long list said in a few words."""
+    items = [str(x) for x in items]
+    return ", ".join(items[:keep]) + (f" and {len(items) - keep} more" if len(items) > keep else "")
+
+
 def first_line(exc: BaseException) -> str:
     """``exc``'s message, first line only, or its type's name when it has none."""
     text = str(exc).strip()

@@ -40,6 +40,14 @@ class RangeOverride:
     offset: int | None = None  # first token, instead of data.test_offset
     n_tokens: int | None = None  # tokens, instead of data.test_tokens
 
+    def changes(self, cfg: Config) -> bool:
+        """Whether this names another range than the run's configured test range (its result is then kept
+        under the range's own name, beside the configured range's)."""
+        return ((self.data is not None and self.data != cfg.data.path)
+                or self.split not in (None, cfg.data.test_split)
+                or self.offset not in (None, cfg.data.test_offset)
+                or self.n_tokens not in (None, cfg.data.test_tokens))
+
     def filled_from(self, result: dict) -> RangeOverride:
         """This override with every part it leaves open taken from another evaluation ``result``."""
         return RangeOverride(self.data or result["data_dir"], self.split or result["split"],
@@ -119,7 +127,8 @@ def evaluate_checkpoint(ckpt: Path, d: Dist, options: EvalOptions = EvalOptions(
     options = dataclasses.replace(options, batch_size=options.batch_size or cfg.train.micro_batch_size)
     result = evaluate_model(model, rng, tokens, options, d)
     result = {"run": cfg.run.name, "norm_type": cfg.model.norm_type, "seed": cfg.train.seed,
-              "checkpoint": str(ckpt), "step": read_info(ckpt).get("step"), **result}
+              "checkpoint": str(ckpt), "step": read_info(ckpt).get("step"), **result,
+              "configured_range": not override.changes(cfg)}
     if write and d.is_main:
         write_eval_result(ckpt, result)
     return result

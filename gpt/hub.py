@@ -34,7 +34,7 @@ from gpt.card import CardFacts, card_text
 from gpt.checkpoint import CONFIG_FILE, INFO_FILE, MODEL_FILE, checkpoint_config, read_info
 from gpt.config import Config, config_from_dict, config_to_dict
 from gpt.data import read_meta
-from gpt.errors import UserError, first_line, os_reason
+from gpt.errors import UserError, first_line, os_reason, shortened
 from gpt.hf import HF_COMPATIBLE_NORMS, hf_config_kwargs, model_config_from_hf, state_dict_from_hf, state_dict_to_hf
 from gpt.model import GPT, VOCAB_ROWS
 from gpt.rundir import RunDir, read_eval_result
@@ -48,6 +48,14 @@ EOT = "<|endoftext|>"
 
 class HubError(UserError):
     """An export or upload that cannot be done."""
+
+
+class UploadError(HubError):
+    """An upload that failed after its retries; ``reason`` says why and what to do, without the repo."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
 
 
 # ------------------------------------------------------------------ the export folder
@@ -204,12 +212,47 @@ def load_published(folder: Path):
 
 # ------------------------------------------------------------------ the upload
 
+# Every request to the Hub gives up after these (connect, read, write, pool) seconds: the client's own default
+# is to wait forever, and a Hub that accepts connections and never answers would hold a run's end for good.
+HUB_TIMEOUT_S = (10.0, 60.0, 60.0, 10.0)
+
+
+def bounded_session():
+    """huggingface_hub's shared HTTP client, with ``HUB_TIMEOUT_S`` on every request it makes."""
+    from huggingface_hub import get_session
+
+    session = get_session()
+    if hasattr(session, "timeout"):  # httpx (huggingface_hub >= 1.0); requests' sessions take no default
+        session.timeout = HUB_TIMEOUT_S
+    return session
+
+
+def endpoint() -> str:
+    from huggingface_hub import constants
+
+    return constants.ENDPOINT
+
+
+def why_upload_failed(error: BaseException) -> str:
+    """The fix a failed upload calls for: the network and the endpoint when the Hub did not answer or could
+    not be reached, the token when it refused."""
+    status = getattr(getattr(error, "response", None), "status_code", None)
+    if status in (401, 403):
+        return "check the token (HF_TOKEN or `hf auth login`) and its write access"
+    network = ("Timeout", "ConnectError", "ConnectionError", "NetworkError", "RemoteProtocolError", "ReadError")
+    if any(name in type(e).__name__ for e in (error, error.__cause__, error.__context__) if e is not None
+           for name in network):
+        return f"the Hub at {endpoint()} did not answer; check the network, or HF_ENDPOINT"
+    return "check the repository name and the token's write access (HF_TOKEN or `hf auth login`)"
+
+
 def upload_folder(folder: Path, repo_id: str, *, private: bool = True, revision: str | None = None,
                   message: str = "Upload model", attempts: int = 3, backoff: float = 1.0) -> str:
     """Create the repo (and branch) if needed and upload ``folder`` in one commit; returns the commit id.
     Errors are retried ``attempts`` times with doubling waits, then raised as one HubError line."""
     from huggingface_hub import HfApi  # imported when used: training without a hub repo never needs it
 
+    bounded_session()
     api = HfApi()
     error = None
     for attempt in range(attempts):
@@ -224,9 +267,9 @@ def upload_folder(folder: Path, repo_id: str, *, private: bool = True, revision:
             error = e
             if attempt + 1 < attempts:
                 time.sleep(backoff * 2 ** attempt)
-    raise HubError(f"upload to {repo_id}{'@' + revision if revision else ''} failed after {attempts} attempts: "
-                   f"{first_line(error)}; nothing local changed: check the token (HF_TOKEN or `hf auth login`) "
-                   "and its write access, then run again")
+    reason = f"{first_line(error)}; {why_upload_failed(error)}"
+    raise UploadError(f"upload to {repo_id}{'@' + revision if revision else ''} failed after {attempts} attempts: "
+                      f"{first_line(error)}; nothing local changed: {why_upload_failed(error)}, then run again", reason)
 
 
 def push(ckpt: Path, repo_id: str, *, native_gpt2: bool = False, private: bool = True, revision: str | None = None,
@@ -259,19 +302,38 @@ class CheckpointUploader:
     """Uploads a run's checkpoints from one background thread, so training never waits for the Hub.
 
     Each checkpoint goes to the branch named after it (``step-00001000``), the final model to
-    ``main`` with its card. Submitting hard-links the checkpoint's files into a staging folder
-    (so pruning cannot take them away) and returns at once. What was uploaded is kept in the
-    run's ``hub.json``: a resumed run uploads no checkpoint twice.
+    ``main`` with its card. Submitting hard-links the checkpoint's files into the run's staging
+    folder (so pruning cannot take them away) and returns at once; a staged copy is removed
+    once its upload succeeds or fails, so the staging folder is the queue, on disk. A run that
+    stopped with uploads left (or was killed) leaves their staged copies: the next start
+    queues them again, before anything new, and removes whatever is incomplete. What was
+    uploaded is kept in the run's ``hub.json``: no checkpoint is uploaded twice.
     """
 
     def __init__(self, run: RunDir, repo_id: str, private: bool, attempts: int = 3, backoff: float = 1.0):
         self.run, self.repo_id, self.private = run, repo_id, private
         self.attempts, self.backoff = attempts, backoff
+        self.lock = threading.Lock()  # the record is written by the worker and, at the end, by the trainer
         self.record = run.hub_record()  # {"repo_id", "uploaded": {branch: commit}, "failed": {branch: reason}}
         self.record["repo_id"] = repo_id
         self.jobs: queue.Queue = queue.Queue()
+        self.current: tuple[Path, str] | None = None  # the upload under way
+        self.requeued = self._requeue_staged()
         self.thread = threading.Thread(target=self._work, name="hub-upload", daemon=True)
         self.thread.start()
+
+    def _requeue_staged(self) -> list[str]:
+        """Queue the staged copies an earlier process left (oldest step first); remove incomplete ones."""
+        staging, branches = self.run.hub_staging, []
+        for staged in sorted(staging.iterdir()) if staging.is_dir() else []:
+            branch = staged.name[len("step-00000000-"):]
+            complete = all((staged / name).is_file() for name in (MODEL_FILE, CONFIG_FILE, INFO_FILE))
+            if complete and branch and (branch == "main" or branch not in self.record["uploaded"]):
+                self.jobs.put((staged, branch, None))
+                branches.append(branch)
+            else:
+                shutil.rmtree(staged, ignore_errors=True)
+        return branches
 
     def submit(self, ckpt: Path, branch: str | None = None, summary: dict | None = None) -> bool:
         """Queue ``ckpt`` for upload to ``branch`` (default: its own name); False if it is already there."""
@@ -282,7 +344,7 @@ class CheckpointUploader:
         try:
             stage(ckpt, staged)
         except OSError as e:  # a full disk, say: this checkpoint is not uploaded, training goes on
-            self.record["failed"][branch] = f"not staged for upload: {os_reason(e)}"
+            self._note(branch, failed=f"not staged for upload: {os_reason(e)}")
             shutil.rmtree(staged, ignore_errors=True)
             return False
         self.jobs.put((staged, branch, summary))
@@ -291,26 +353,71 @@ class CheckpointUploader:
     def _work(self) -> None:
         while (job := self.jobs.get()) is not None:
             staged, branch, summary = job
+            self.current = (staged, branch)
             try:
                 with tempfile.TemporaryDirectory(prefix="gpt-hub-") as tmp:
                     export_checkpoint(staged, Path(tmp), self.repo_id, run=self.run, summary=summary)
                     commit = upload_folder(Path(tmp), self.repo_id, private=self.private, revision=branch,
                                            message=f"{staged.name} ({branch})", attempts=self.attempts,
                                            backoff=self.backoff)
-                self.record["uploaded"][branch] = commit
-                self.record["failed"].pop(branch, None)
+                self._note(branch, uploaded=commit)
             except Exception as e:  # noqa: BLE001  a failed upload is recorded, never raised into training
-                self.record["failed"][branch] = first_line(e)
+                self._note(branch, failed=getattr(e, "reason", None) or first_line(e))
             finally:
                 shutil.rmtree(staged, ignore_errors=True)
+                self.current = None
+
+    def _note(self, branch: str, uploaded: str | None = None, failed: str | None = None) -> None:
+        with self.lock:
+            if uploaded is not None:
+                self.record["uploaded"][branch] = uploaded
+                self.record["failed"].pop(branch, None)
+            else:
+                self.record["failed"][branch] = failed
             self.run.write_hub_record(self.record)
 
-    def finish(self, final: Path | None = None, summary: dict | None = None) -> dict:
-        """Upload ``final`` to main (when given), wait for every queued upload, and report them."""
+    def left(self) -> list[str]:
+        """The branches still to upload: the one under way, then the queue."""
+        current = [self.current[1]] if self.current is not None else []
+        return current + [job[1] for job in list(self.jobs.queue) if job is not None]
+
+    def finish(self, final: Path | None = None, summary: dict | None = None, stop=None,
+               wait_s: float = 60.0) -> dict:
+        """Upload ``final`` to main (when given) and wait for the queued uploads: for all of them, unless a
+        stop signal came (``stop.requested``), then for at most ``wait_s`` seconds from it, or a second one
+        (``stop.hurry``), then not at all. What is left stays staged for the next start; the report says it."""
         if final is not None:
             self.submit(final, "main", summary)
         self.jobs.put(None)
-        self.thread.join()
-        shutil.rmtree(self.run.hub_staging, ignore_errors=True)
-        return {"repo_id": self.repo_id, "uploaded": sorted(self.record["uploaded"]),
-                "failed": dict(self.record["failed"])}
+        deadline = None
+        while self.thread.is_alive():
+            if stop is not None and stop.hurry:
+                break
+            if stop is not None and stop.requested:
+                deadline = deadline or time.monotonic() + wait_s
+                if time.monotonic() >= deadline:
+                    break
+            self.thread.join(0.2)
+        with self.lock:
+            left = self.left() if self.thread.is_alive() else []
+            self.record["left"] = left
+            self.run.write_hub_record(self.record)
+            if not left:
+                shutil.rmtree(self.run.hub_staging, ignore_errors=True)
+            return {"repo_id": self.repo_id, "endpoint": endpoint(), "uploaded": sorted(self.record["uploaded"]),
+                    "failed": dict(self.record["failed"]), "left": left}
+
+
+def upload_problems(report: dict) -> str | None:
+    """The uploads of a run's end in one line: how many failed and why (each reason once, with its count),
+    how many are left for the next start; None when all went up."""
+    failed, left = report["failed"], report["left"]
+    if not failed and not left:
+        return None
+    reasons: dict[str, list[str]] = {}
+    for branch, why in failed.items():
+        reasons.setdefault(why, []).append(branch)
+    parts = [f"{len(branches)} failed ({shortened(branches)}): {why}" for why, branches in reasons.items()]
+    if left:
+        parts.append(f"{len(left)} left for the next start ({shortened(left)})")
+    return f"Hub uploads to {report['repo_id']} at {report['endpoint']}: " + "; ".join(parts)

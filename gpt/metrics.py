@@ -11,6 +11,7 @@ import json
 import math
 import os
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -36,6 +37,33 @@ def _has_wandb_credentials() -> bool:
     return netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore")
 
 
+def _settings_fields(wandb) -> set[str]:
+    """The settings this wandb knows (``finish_timeout`` is recent)."""
+    fields = getattr(wandb.Settings, "model_fields", None) or getattr(wandb.Settings, "__fields__", {})
+    return set(fields)
+
+
+def within(seconds: float, call):
+    """``call()``'s result, or a TimeoutError after ``seconds``: wandb's own timeouts leave out its login
+    check, so its start is bounded here. The call goes on in a daemon thread that nothing waits for."""
+    result: dict = {}
+
+    def run():
+        try:
+            result["value"] = call()
+        except BaseException as e:  # noqa: BLE001  handed to the caller
+            result["error"] = e
+
+    thread = threading.Thread(target=run, name="wandb-bounded", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise TimeoutError(f"no answer within {seconds:g} s")
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
 class Metrics:
     """Rank 0's sink for metric records: appended to the run's metrics.jsonl, and sent to wandb."""
 
@@ -59,10 +87,11 @@ class Metrics:
             run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
             id_file.write_text(run_id + "\n")
             tags = [cfg.model.norm_type, f"seed-{cfg.train.seed}", *cfg.log.tags]
-            return wandb.init(project=cfg.log.wandb_project, entity=cfg.log.wandb_entity, name=cfg.run.name,
-                              id=run_id, resume="allow", tags=tags, config=config_to_dict(cfg), mode=mode,
-                              dir=os.environ.get("WANDB_DIR", str(run.path)),
-                              settings=wandb.Settings(init_timeout=timeout))
+            bounds = {k: timeout for k in ("init_timeout", "finish_timeout") if k in _settings_fields(wandb)}
+            return within(timeout, lambda: wandb.init(
+                project=cfg.log.wandb_project, entity=cfg.log.wandb_entity, name=cfg.run.name, id=run_id,
+                resume="allow", tags=tags, config=config_to_dict(cfg), mode=mode,
+                dir=os.environ.get("WANDB_DIR", str(run.path)), settings=wandb.Settings(**bounds)))
         except Exception as e:  # never let logging stop training
             print(f"wandb: disabled, training goes on without it ({type(e).__name__}: {first_line(e)}; it waits "
                   f"{timeout:g} s at most for the server (WANDB_INIT_TIMEOUT); WANDB_MODE=offline logs without one)",
@@ -92,10 +121,16 @@ class Metrics:
         except OSError:  # its last buffered line hit the same full disk; already warned
             pass
         if self.wandb is not None:
-            try:
+            run, timeout = self.wandb, float(os.environ.get("WANDB_INIT_TIMEOUT", WANDB_INIT_TIMEOUT))
+
+            def finish():
                 if summary:
-                    self.wandb.summary.update({k: v for k, v in summary.items() if not isinstance(v, dict)})
-                self.wandb.finish(exit_code=0 if not summary or summary.get("status") == "completed" else 1)
+                    run.summary.update({k: v for k, v in summary.items() if not isinstance(v, dict)})
+                run.finish(exit_code=0 if not summary or summary.get("status") == "completed" else 1)
+
+            try:
+                within(timeout, finish)
             except Exception as e:
-                print(f"wandb: could not finish the run ({type(e).__name__}: {e})", file=sys.stderr)
+                print(f"wandb: could not finish the run ({type(e).__name__}: {first_line(e)}); `wandb sync` "
+                      "uploads what was logged", file=sys.stderr)
             self.wandb = None

@@ -132,8 +132,14 @@ class LossWindow:
     summed on the device and read at log steps. A non-finite step is left out here and counted by
     ``Divergence``."""
 
-    def __init__(self, device: torch.device):
-        self.sums = torch.zeros(2, device=device)  # [sum of finite losses, how many micro-batch means]
+    def __init__(self, device: torch.device, sums: list[float] | None = None):
+        # [sum of finite losses, how many micro-batch means]; ``sums``: a window a checkpoint carried
+        self.sums = torch.tensor(sums or [0.0, 0.0], device=device)
+
+    def totals(self, all_sum) -> list[float]:
+        """The window so far over every rank, without starting a new one: what a checkpoint keeps, so that
+        the first log after a resume covers the same steps as an uninterrupted run's."""
+        return all_sum(self.sums).tolist()
 
     def add(self, loss_sum: torch.Tensor, n_micro: int) -> None:
         """One step's sum of ``n_micro`` micro-batch mean losses on this rank."""
@@ -147,12 +153,31 @@ class LossWindow:
         return total / count if count else math.nan
 
 
+class StopNow(BaseException):
+    """A third stop signal: the run ends at once (a BaseException, so that no ``except Exception`` holds it
+    up). Entry points say so in one line and exit with ``EXIT_CODE``, the status of an interrupted run."""
+
+    EXIT_CODE = 4
+
+
 class StopFlag:
-    """SIGTERM / SIGINT ask the loop to finish its step, checkpoint and exit; a second Ctrl-C stops at once."""
+    """SIGTERM / SIGINT, counted. The first asks the loop to finish its step, checkpoint and exit. The
+    second (an impatient Ctrl-C, a cluster's second SIGTERM) hurries the stop under way: the checkpoint
+    being written is still finished whole, but nothing is waited for after it (queued uploads). The
+    third raises ``StopNow`` wherever the run is: it ends at once; a checkpoint it cuts short was being
+    written in a temporary folder, so none is half-written."""
 
     def __init__(self):
-        self.requested = False
+        self.signals = 0
         self._previous = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signals >= 1
+
+    @property
+    def hurry(self) -> bool:
+        return self.signals >= 2
 
     def __enter__(self):
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -160,10 +185,12 @@ class StopFlag:
         return self
 
     def _handle(self, signum, frame):
-        if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.requested = True
+        self.signals += 1
+        if self.signals >= 3:
+            raise StopNow(f"stopped at once by a third stop signal ({signal.Signals(signum).name})")
 
     def __exit__(self, *exc):
+        if self.signals:  # a stop is under way: until the process ends, a later signal only counts (the third
+            return        # raises StopNow), so a second Ctrl-C as the run winds down is never a traceback
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)

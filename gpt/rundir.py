@@ -48,6 +48,16 @@ class RunBusyError(UserError):
     """Another trainer holds the run directory."""
 
 
+def write_atomically(path: Path, text: str) -> None:
+    """``path`` holds ``text`` whole, or stays as it was: a stop at any moment never leaves half a file."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def read_json(path: Path, what: str) -> dict:
     """A JSON object from ``path``; one line naming the file if it is not one (a damaged or hand-edited file)."""
     try:
@@ -111,7 +121,7 @@ class RunDir:
 
     def write_hub_record(self, record: dict) -> None:
         try:
-            self.hub_file.write_text(json.dumps(record, indent=2) + "\n")
+            write_atomically(self.hub_file, json.dumps(record, indent=2) + "\n")
         except OSError as e:  # a full disk: the record is the summary's to report, never a reason to stop
             print(f"warning: cannot write {self.hub_file}: {os_reason(e)}", file=sys.stderr)
 
@@ -179,7 +189,8 @@ class RunDir:
     # ---------------------------------------------------------------- writing
 
     def lock(self) -> RunLock:
-        """Take the run's exclusive lock, or raise RunBusyError naming the trainer that holds it."""
+        """Take the run's exclusive lock, or raise RunBusyError naming the trainer that holds it; a folder
+        this process cannot write is a UserError naming it and the reason, before anything is built."""
         return RunLock(self.lock_file, self.path)
 
     def claim(self, resume: str | None, overwrite: bool, report: Callable[[str], None]) -> Path | None:
@@ -239,12 +250,10 @@ class RunDir:
         if not self.metrics_file.is_file():
             return
         kept = [r for r in self.metrics(dropped) if r["step"] <= after_step]
-        tmp = self.metrics_file.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        os.replace(tmp, self.metrics_file)
+        write_atomically(self.metrics_file, "".join(json.dumps(r) + "\n" for r in kept))
 
     def write_summary(self, summary: dict) -> None:
-        self.summary_file.write_text(json.dumps(summary, indent=2) + "\n")
+        write_atomically(self.summary_file, json.dumps(summary, indent=2) + "\n")
 
 
 class RunLock:
@@ -257,8 +266,15 @@ class RunLock:
 
     def __init__(self, path: Path, run_path: Path):
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        probe = path.parent / f".write-probe-{os.getpid()}"
+        try:  # a folder that takes no new file (read-only, immutable) may still open an existing lock file
+            path.parent.mkdir(parents=True, exist_ok=True)
+            probe.touch()
+            probe.unlink()
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:  # read-only, no permission, a file in the way: before anything is built
+            raise UserError(f"cannot write the run directory {run_path}: {os_reason(e)}; make it writable, or "
+                            "set run.dir (or run.name) to a folder this user can write") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -326,23 +342,34 @@ def resolve_which(run_or_ckpt: str | Path, which: str) -> Path:
 
 # ------------------------------------------------------------ evaluation results
 
-def eval_result_file(ckpt: Path, split: str, precision: str) -> Path:
-    """Where the loss of checkpoint ``ckpt`` on ``split`` in ``precision`` is kept."""
-    return Path(ckpt) / f"{EVAL_PREFIX}{split}-{precision}.json"
+def eval_result_file(ckpt: Path, split: str, precision: str, span: tuple[int, int] | None = None) -> Path:
+    """Where the loss of checkpoint ``ckpt`` on ``split`` in ``precision`` is kept: over the run's configured
+    test range (``span`` None), ``eval-<split>-<precision>.json``; over tokens [start, end) of the split given
+    instead (evaluate.py's --offset / --tokens / --split / --data), ``eval-<split>-<start>-<end>-<precision>.json``.
+    Results over different ranges live side by side; a repeat over one range replaces its own."""
+    where = "" if span is None else f"-{span[0]}-{span[1]}"
+    return Path(ckpt) / f"{EVAL_PREFIX}{split}{where}-{precision}.json"
 
 
-def read_eval_result(ckpt: Path, split: str, precision: str) -> dict | None:
-    path = eval_result_file(ckpt, split, precision)
+def read_eval_result(ckpt: Path, split: str, precision: str, span: tuple[int, int] | None = None) -> dict | None:
+    path = eval_result_file(ckpt, split, precision, span)
     return read_json(path, "evaluation result") if path.is_file() else None
 
 
 def write_eval_result(ckpt: Path, result: dict) -> bool:
-    """Keep ``result`` (a dict with its ``split`` and ``precision``) beside the checkpoint; False, with a
-    line on stderr, if the checkpoint folder is gone (a running trainer pruned it)."""
+    """Keep ``result`` (a dict with its ``split``, ``precision``, ``range`` and whether that is the run's
+    configured test range) beside the checkpoint; False, with a line on stderr, if it cannot be kept (a
+    checkpoint a running trainer pruned, a read-only run)."""
+    span = None if result.get("configured_range", True) else tuple(result["range"])
+    path = eval_result_file(ckpt, result["split"], result["precision"], span)
     try:  # opening a file in a folder that is gone fails: a pruned checkpoint is never recreated
-        eval_result_file(ckpt, result["split"], result["precision"]).write_text(json.dumps(result, indent=2) + "\n")
+        path.write_text(json.dumps(result, indent=2) + "\n")
     except FileNotFoundError:
         print(f"warning: {ckpt} was removed while it was evaluated (pruned by its running trainer); the result "
               f"is printed but not kept: evaluate a checkpoint that stays, e.g. --which best", file=sys.stderr)
+        return False
+    except OSError as e:  # a read-only run: the numbers are still worth having
+        print(f"warning: cannot keep the result in {path}: {os_reason(e)}; it is printed, and --json FILE "
+              "writes it where you choose", file=sys.stderr)
         return False
     return True

@@ -40,11 +40,11 @@ from gpt.distributed import Dist, device_name, peak_memory_bytes, setup
 from gpt.errors import UserError, os_reason
 from gpt.fastpath import apply_tf32, resolve
 from gpt.fingerprint import check_resume, take
-from gpt.hub import CheckpointUploader
+from gpt.hub import CheckpointUploader, upload_problems
 from gpt.loss import autocast_for
 from gpt.metrics import Metrics
 from gpt.model import GPT
-from gpt.monitors import Divergence, LossWindow, StopFlag, Throughput
+from gpt.monitors import Divergence, LossWindow, StopFlag, StopNow, Throughput
 from gpt.optimizer import make_optimizer, set_lr, step_unless_nonfinite
 from gpt.plots import plot_run
 from gpt.rng import rng_state, set_rng_state
@@ -66,6 +66,7 @@ class Progress:
     nonfinite_run: int = 0  # of those, consecutive up to the last log step
     last_val: float | None = None  # the latest validation loss
     total_steps: int | None = None  # the run's planned length: a resume must keep it
+    window: list[float] | None = None  # the train-loss window since the last log, summed over ranks (LossWindow)
 
     @property
     def best_val_loss(self) -> float | None:
@@ -85,6 +86,9 @@ def train(cfg: Config, resume: str | None = None, overwrite: bool = False, dist:
         trainer.preflight(resume, overwrite)
         trainer.build()
         return trainer.train()
+    except StopNow as e:  # a third stop signal: say so in the summary, keep every checkpoint as it is
+        trainer.stopped_at_once(str(e))
+        raise
     finally:
         trainer.release()
         if dist is None:
@@ -215,7 +219,8 @@ class Trainer:
         it gathers every rank's RNG states."""
         return {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
                 "data": self.reader.state_dict(),
-                "progress": {**vars(self.progress), "elapsed": self.progress.elapsed + self.throughput.seconds()},
+                "progress": {**vars(self.progress), "elapsed": self.progress.elapsed + self.throughput.seconds(),
+                             "window": self.window.totals(self.d.all_sum)},
                 "rng": self.d.gather_objects(rng_state())}
 
     def load_state_dict(self, state: dict) -> None:
@@ -243,7 +248,7 @@ class Trainer:
             print(note, file=sys.stderr)
         self.prepare_step()
         self.metrics = Metrics(self.run, cfg) if d.is_main else None
-        self.window = LossWindow(d.device)
+        self.window = LossWindow(d.device, p.window if d.is_main else None)  # all of a resumed window: rank 0
         self.divergence = Divergence(d.device, step=p.step, total=p.nonfinite_total, consecutive=p.nonfinite_run,
                                      max_nonfinite=cfg.train.max_nonfinite_steps,
                                      loss_ceiling=cfg.train.loss_ceiling, warmup=self.warmup)
@@ -273,6 +278,18 @@ class Trainer:
                             "directory writable, then rerun") from None
         return notes
 
+    def stopped_at_once(self, why: str) -> None:
+        """Rank 0, after a third stop signal: mark a run that had started as interrupted (its newest
+        checkpoint stands); a folder it cannot write is left as it is."""
+        if not self.d.is_main:
+            return
+        try:
+            summary = self.run.summary()
+            if summary is not None and summary.get("status") == RUNNING:
+                self.run.write_summary({**summary, "status": INTERRUPTED, "stop_reason": why})
+        except (OSError, UserError):
+            pass
+
     def release(self) -> None:
         """Let the run directory go (a killed process lets go too: the kernel drops its lock)."""
         if self.reader is not None:
@@ -284,45 +301,52 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
 
     def train(self) -> dict:
-        """Step until the run is done, has diverged or is asked to stop; returns the summary."""
-        self.start()
-        p, status, reason = self.progress, COMPLETED, None
+        """Step until the run is done, has diverged or is asked to stop; returns the summary. Stop signals
+        are counted from the start to the end (``StopFlag``): the first stops the run after its step and a
+        checkpoint, the second hurries that stop (no wait for uploads), the third ends it at once."""
         with StopFlag() as stop:
-            while p.step < self.total_steps:
-                lr = self.lr_at(p.step)
-                set_lr(self.optimizer, lr)
-                loss_sum, grad_norm, skipped = self.first_step() if self.first_step_seconds is None \
-                    else self.train_step()
-                self.divergence.record(skipped)
-                self.window.add(loss_sum, self.reader.accum)
-                p.step += 1
-                p.tokens += self.cfg.tokens_per_step
-                self.bar.update(1)
-                self.throughput.step_done(p.step)
-                stopping = self.d.any_flag(stop.requested)  # every step: training time, not a pause
-                evaluate, save = self.should_evaluate(p.step), self.should_checkpoint(p.step) or stopping
-                record = self.log_record(lr, loss_sum, grad_norm) if self.should_log(p.step) else None
-                # wherever the loop waits for the device anyway, it also reads the divergence counters
-                reason = self.check_divergence(record) if record is not None or evaluate or save else None
-                if reason:
-                    status = DIVERGED  # keep the last good checkpoint: nothing is saved from a diverged run
-                    self.log(record)
-                    break
-                if evaluate:
-                    record = record or {"step": p.step, "tokens": p.tokens, "lr": lr}
-                with self.throughput.paused(self.d.synchronize) if evaluate or save else contextlib.nullcontext():
-                    is_best = evaluate and self.validate(record)
-                    self.log(record)
-                    if save or is_best:
-                        try:
-                            self.checkpoint(is_best)
-                        except CheckpointError as e:  # a full disk, say: stop, keeping the last good one
-                            status, reason = INTERRUPTED, str(e)
-                            break
-                if stopping:
-                    status, reason = INTERRUPTED, "stop signal (SIGTERM / SIGINT)"
-                    break
-        return self.finish(status, reason)
+            self.start()
+            status, reason = self.loop(stop)
+            return self.finish(status, reason, stop)
+
+    def loop(self, stop: StopFlag) -> tuple[str, str | None]:
+        """The training steps; returns the run's status and why it stopped short (None: completed)."""
+        p, status, reason = self.progress, COMPLETED, None
+        while p.step < self.total_steps:
+            lr = self.lr_at(p.step)
+            set_lr(self.optimizer, lr)
+            loss_sum, grad_norm, skipped = self.first_step() if self.first_step_seconds is None \
+                else self.train_step()
+            self.divergence.record(skipped)
+            self.window.add(loss_sum, self.reader.accum)
+            p.step += 1
+            p.tokens += self.cfg.tokens_per_step
+            self.bar.update(1)
+            self.throughput.step_done(p.step)
+            stopping = self.d.any_flag(stop.requested)  # every step: training time, not a pause
+            evaluate, save = self.should_evaluate(p.step), self.should_checkpoint(p.step) or stopping
+            record = self.log_record(lr, loss_sum, grad_norm) if self.should_log(p.step) else None
+            # wherever the loop waits for the device anyway, it also reads the divergence counters
+            reason = self.check_divergence(record) if record is not None or evaluate or save else None
+            if reason:
+                status = DIVERGED  # keep the last good checkpoint: nothing is saved from a diverged run
+                self.log(record)
+                break
+            if evaluate:
+                record = record or {"step": p.step, "tokens": p.tokens, "lr": lr}
+            with self.throughput.paused(self.d.synchronize) if evaluate or save else contextlib.nullcontext():
+                is_best = evaluate and self.validate(record)
+                self.log(record)
+                if save or is_best:
+                    try:
+                        self.checkpoint(is_best)
+                    except CheckpointError as e:  # a full disk, say: stop, keeping the last good one
+                        status, reason = INTERRUPTED, str(e)
+                        break
+            if stopping:
+                status, reason = INTERRUPTED, "stop signal (SIGTERM / SIGINT)"
+                break
+        return status, reason
 
     def lr_at(self, step: int) -> float:
         o = self.cfg.optim
@@ -473,16 +497,19 @@ class Trainer:
             "segments": self.segments,  # every process's fingerprint: versions, hardware, data, code
         }
 
-    def finish(self, status: str, reason: str | None) -> dict:
-        """Close the progress bar and the sinks; rank 0 writes summary.json and the final charts."""
+    def finish(self, status: str, reason: str | None, stop: StopFlag | None = None) -> dict:
+        """Close the progress bar and the sinks; rank 0 waits for the uploads (bounded once a stop signal
+        came), writes summary.json and the final charts, and says in one line how the run ended."""
         self.bar.close()
         summary = self.summary(status, reason)
         if self.d.is_main:
             problems = [self.plot()]
             if self.uploader is not None:  # training is over: wait for the uploads, the final model to main
-                summary["hub"] = self.uploader.finish(self.last_checkpoint if status == COMPLETED else None, summary)
-                problems += [f"Hub upload to {branch} failed: {why}"
-                             for branch, why in summary["hub"]["failed"].items()]
+                summary["hub"] = self.uploader.finish(self.last_checkpoint if status == COMPLETED else None, summary,
+                                                      stop=stop, wait_s=self.cfg.hub.wait_on_exit_s)
+                problems.append(upload_problems(summary["hub"]))
+            if stop is not None and stop.hurry:
+                problems.append("a second stop signal: nothing waited for after the checkpoint")
             try:
                 self.run.write_summary(summary)
             except OSError as e:  # the disk that stopped the checkpoint: say so in the same line

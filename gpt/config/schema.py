@@ -228,6 +228,9 @@ class HubConfig:
     private: bool = opt(True, "create the repository as private")
     push_every_checkpoint: bool = opt(False, "also upload every checkpoint, each to a branch named after it "
                                       "(step-00001000), from a background thread training never waits for")
+    wait_on_exit_s: float = opt(60.0, "after a stop signal, wait at most this long for queued uploads (a "
+                                "cluster's grace period before SIGKILL is often 30-120 s); what is left is "
+                                "recorded and uploaded first by the resumed run", ge=0)
 
     def validate(self, fail) -> None:
         if self.repo_id is not None and (self.repo_id.count("/") != 1 or not all(self.repo_id.split("/"))):

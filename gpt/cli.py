@@ -13,6 +13,7 @@ import os
 import sys
 from typing import Callable
 
+from gpt.bounded import leave
 from gpt.config import Config, load_config
 from gpt.errors import UserError
 from gpt.monitors import StopNow
@@ -34,22 +35,29 @@ def command(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | No
 
     @functools.wraps(main)
     def wrapped(argv: list[str] | None = None) -> int:
-        try:
-            return main(argv)
-        except UserError as e:
-            if is_rank0():
-                print(f"error: {e}", file=sys.stderr)
-            return USER_ERROR_EXIT
-        except StopNow as e:
-            if is_rank0():
-                print(f"{e}; the newest checkpoint stands: --resume auto continues from it", file=sys.stderr)
-            return StopNow.EXIT_CODE
-        except KeyboardInterrupt:
-            if is_rank0():
-                print("interrupted (Ctrl-C)", file=sys.stderr)
-            return INTERRUPTED_EXIT
+        code = _run(main, argv)
+        leave(code)  # a call given up on (wandb against a silent server) would hold the exit: not waited for
+        return code
 
     return wrapped
+
+
+def _run(main: Callable[[list[str] | None], int], argv: list[str] | None) -> int:
+    """``main(argv)``'s exit status, with what a user can cause turned into one line and its status."""
+    try:
+        return main(argv)
+    except UserError as e:
+        if is_rank0():
+            print(f"error: {e}", file=sys.stderr)
+        return USER_ERROR_EXIT
+    except StopNow as e:
+        if is_rank0():
+            print(f"{e}; the newest checkpoint stands: --resume auto continues from it", file=sys.stderr)
+        return StopNow.EXIT_CODE
+    except KeyboardInterrupt:
+        if is_rank0():
+            print("interrupted (Ctrl-C)", file=sys.stderr)
+        return INTERRUPTED_EXIT
 
 
 def parser_for(doc: str, split_at: int = 1) -> argparse.ArgumentParser:

@@ -11,10 +11,10 @@ import json
 import math
 import os
 import sys
-import threading
 import uuid
 from pathlib import Path
 
+from gpt.bounded import within
 from gpt.config import Config, config_to_dict
 from gpt.errors import first_line, os_reason
 from gpt.rundir import RunDir
@@ -41,27 +41,6 @@ def _settings_fields(wandb) -> set[str]:
     """The settings this wandb knows (``finish_timeout`` is recent)."""
     fields = getattr(wandb.Settings, "model_fields", None) or getattr(wandb.Settings, "__fields__", {})
     return set(fields)
-
-
-def within(seconds: float, call):
-    """``call()``'s result, or a TimeoutError after ``seconds``: wandb's own timeouts leave out its login
-    check, so its start is bounded here. The call goes on in a daemon thread that nothing waits for."""
-    result: dict = {}
-
-    def run():
-        try:
-            result["value"] = call()
-        except BaseException as e:  # noqa: BLE001  handed to the caller
-            result["error"] = e
-
-    thread = threading.Thread(target=run, name="wandb-bounded", daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if thread.is_alive():
-        raise TimeoutError(f"no answer within {seconds:g} s")
-    if "error" in result:
-        raise result["error"]
-    return result["value"]
 
 
 class Metrics:
@@ -91,7 +70,7 @@ class Metrics:
             return within(timeout, lambda: wandb.init(
                 project=cfg.log.wandb_project, entity=cfg.log.wandb_entity, name=cfg.run.name, id=run_id,
                 resume="allow", tags=tags, config=config_to_dict(cfg), mode=mode,
-                dir=os.environ.get("WANDB_DIR", str(run.path)), settings=wandb.Settings(**bounds)))
+                dir=os.environ.get("WANDB_DIR", str(run.path)), settings=wandb.Settings(**bounds)), "wandb start")
         except Exception as e:  # never let logging stop training
             print(f"wandb: disabled, training goes on without it ({type(e).__name__}: {first_line(e)}; it waits "
                   f"{timeout:g} s at most for the server (WANDB_INIT_TIMEOUT); WANDB_MODE=offline logs without one)",
@@ -129,7 +108,7 @@ class Metrics:
                 run.finish(exit_code=0 if not summary or summary.get("status") == "completed" else 1)
 
             try:
-                within(timeout, finish)
+                within(timeout, finish, "wandb finish")
             except Exception as e:
                 print(f"wandb: could not finish the run ({type(e).__name__}: {first_line(e)}); `wandb sync` "
                       "uploads what was logged", file=sys.stderr)

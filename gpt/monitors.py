@@ -190,7 +190,9 @@ class StopFlag:
             raise StopNow(f"stopped at once by a third stop signal ({signal.Signals(signum).name})")
 
     def __exit__(self, *exc):
-        if self.signals:  # a stop is under way: until the process ends, a later signal only counts (the third
-            return        # raises StopNow), so a second Ctrl-C as the run winds down is never a traceback
+        if self.signals:  # the run stopped and this process is ending: a later signal has nothing left to
+            for sig in self._previous:  # stop, and must not become a traceback on the way out
+                signal.signal(sig, signal.SIG_IGN)
+            return
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)

@@ -22,6 +22,7 @@ import contextlib
 import math
 import os
 import random
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -266,8 +267,10 @@ class Trainer:
             self.lock = self.run.lock()
         notes += self.run.start(self.config_yaml, self.progress.step, keep_config=self.continues)
         cfg = self.cfg
-        if cfg.hub.repo_id is not None:
+        if cfg.hub.repo_id is not None:  # it queues first what an earlier process left staged
             self.uploader = CheckpointUploader(self.run, cfg.hub.repo_id, cfg.hub.private)
+        else:  # nothing will upload what an earlier process staged
+            shutil.rmtree(self.run.hub_staging, ignore_errors=True)
         try:
             self.run.write_summary({
                 "status": RUNNING, "pid": os.getpid(), "steps": self.progress.step, "total_steps": self.total_steps,

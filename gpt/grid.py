@@ -34,8 +34,7 @@ class Cell:
     """One run of the grid."""
 
     norm_type: str  # the norm type it trains
-    seed: int  # its train.seed (the data order, and the initial weights unless init_seed)
-    init_seed: int | None  # its model.init_seed; None: the same as seed
+    seed: int  # its train.seed (the data order; its cfg's model.init_seed, when set, the initial weights)
     name: str  # its run.name, also its folder's name
     cfg: Config  # its resolved config
     overrides: list[str]  # the --set overrides that make the sweep's config this cell's
@@ -78,7 +77,7 @@ def plan(config: Path, norm_types: list[str], seeds: list[int], runs_dir: Path, 
             cell_overrides = [*overrides, f"model.norm_type={norm_type}", f"train.seed={seed}",
                               *([f"model.init_seed={init}"] if init is not None else []),
                               f"run.name={name}", f"run.dir={Path(runs_dir) / name}"]
-            cells.append(Cell(norm_type, seed, init, name, load_config(config, cell_overrides), cell_overrides))
+            cells.append(Cell(norm_type, seed, name, load_config(config, cell_overrides), cell_overrides))
     return cells
 
 

@@ -264,20 +264,31 @@ def hub_env(tmp_path, url):
 HUB_YAML = "hub: {repo_id: me/stops, push_every_checkpoint: true, wait_on_exit_s: 3}\n"
 
 
-@pytest.mark.slow
-def test_sigterm_with_uploads_queued_for_a_silent_hub_waits_only_so_long(train_yaml, tmp_path):
-    yaml = long_yaml(train_yaml, tmp_path, "hubstop", checkpoint_every=3, log_every=1, extra=HUB_YAML)
-    run = tmp_path / "hubstop"
+def stop_while_uploading(yaml, run, tmp_path, signals: int):
+    """Train against a Hub that never answers; once two checkpoints are queued, send SIGTERM (and, with
+    ``signals=2``, a second one 2 s later, while the run waits for its uploads). Returns the process, its
+    stderr and the seconds from the last signal to its end."""
     server = silent_server()
     try:
         proc = start_train(yaml, env=hub_env(tmp_path, f"http://127.0.0.1:{server.getsockname()[1]}"))
         wait_for(lambda: len(list((run / "checkpoints").glob("step-*"))) >= 2)
         proc.send_signal(signal.SIGTERM)
+        if signals == 2:
+            time.sleep(2)  # the step, its checkpoint, and then the wait for the silent Hub
+            assert proc.poll() is None
+            proc.send_signal(signal.SIGTERM)
         signalled = time.time()
         _, err = proc.communicate(timeout=120)
-        waited = time.time() - signalled
+        return proc, err, time.time() - signalled
     finally:
         server.close()
+
+
+@pytest.mark.slow
+def test_sigterm_with_uploads_queued_for_a_silent_hub_waits_only_so_long(train_yaml, tmp_path):
+    yaml = long_yaml(train_yaml, tmp_path, "hubstop", checkpoint_every=3, log_every=1, extra=HUB_YAML)
+    run = tmp_path / "hubstop"
+    proc, err, waited = stop_while_uploading(yaml, run, tmp_path, signals=1)
     assert proc.returncode == 4 and waited < 3 + 10 and "Traceback" not in err, (waited, err)
     summary = json.loads((run / "summary.json").read_text())
     left = summary["hub"]["left"]
@@ -300,19 +311,7 @@ def test_a_second_signal_ends_the_wait_for_uploads_at_once(train_yaml, tmp_path)
     yaml = long_yaml(train_yaml, tmp_path, "hubstop2", checkpoint_every=3, log_every=1,
                      extra=HUB_YAML.replace("wait_on_exit_s: 3", "wait_on_exit_s: 120"))
     run = tmp_path / "hubstop2"
-    server = silent_server()
-    try:
-        proc = start_train(yaml, env=hub_env(tmp_path, f"http://127.0.0.1:{server.getsockname()[1]}"))
-        wait_for(lambda: len(list((run / "checkpoints").glob("step-*"))) >= 2)
-        proc.send_signal(signal.SIGTERM)
-        time.sleep(2)  # the step, its checkpoint, and then the wait for the silent Hub (120 s allowed)
-        assert proc.poll() is None
-        proc.send_signal(signal.SIGTERM)
-        signalled = time.time()
-        _, err = proc.communicate(timeout=60)
-        waited = time.time() - signalled
-    finally:
-        server.close()
+    proc, err, waited = stop_while_uploading(yaml, run, tmp_path, signals=2)
     assert proc.returncode == 4 and waited < 5 and "Traceback" not in err, (waited, err)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["hub"]["left"]

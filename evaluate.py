@@ -1,4 +1,4 @@
-"""Held-out test loss of runs: the front door of ``gpt.evaluate`` (``python evaluate.py --help``).
+"""Held-out test loss of runs: the front door of ``gpt.commands.evaluate`` (``python evaluate.py --help``).
 
     python evaluate.py runs/*
     torchrun --nproc_per_node=8 evaluate.py runs/*
@@ -6,7 +6,7 @@
 
 import sys
 
-from gpt.evaluate import main
+from gpt.commands.evaluate import main
 
 if __name__ == "__main__":
     sys.exit(main())

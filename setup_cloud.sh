@@ -82,7 +82,7 @@ case "$DATA" in
         fi
         [ "$DATA" = fineweb ] || EXTRA=" --set data.path=data/$DATA" ;;
     */*)
-        step "$PY" -c "import sys; from gpt.data import resolve_data_dir; print(resolve_data_dir(None, sys.argv[1]))" "$DATA"
+        step "$PY" -c "import sys; from gpt.data.tokens import resolve_data_dir; print(resolve_data_dir(None, sys.argv[1]))" "$DATA"
         EXTRA=" --set data.path=null --set data.hub_repo=$DATA" ;;
 esac
 

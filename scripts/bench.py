@@ -1,11 +1,11 @@
-"""Benchmark training steps per norm type, or each norm alone: the front door of ``gpt.bench`` (``--help``).
+"""Benchmark training steps per norm type, or each norm alone: the front door of ``gpt.commands.bench`` (``--help``).
 
     python scripts/bench.py configs/gpt2-small.yaml --compile both --json
 """
 
 import sys
 
-from gpt.bench import main
+from gpt.commands.bench import main
 
 if __name__ == "__main__":
     sys.exit(main())

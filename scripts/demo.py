@@ -1,4 +1,4 @@
-"""The embedded demo: the front door of ``gpt.demo`` (``--help``), with this checkout's demo config.
+"""The embedded demo: the front door of ``gpt.commands.demo`` (``--help``), with this checkout's demo config.
 
     python scripts/demo.py
 """
@@ -6,7 +6,7 @@
 import sys
 from pathlib import Path
 
-from gpt.demo import main
+from gpt.commands.demo import main
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 

@@ -12,7 +12,7 @@
 # GPT-2 small compiled (the two LayerNorms first), the micro-batch search. --quick: the correctness
 # tests and the two LayerNorms, under 4 minutes. OUTDIR gets summary.txt (rewritten after every
 # stage), rows.jsonl (one line per benchmark row, as it is measured) and three logs: see
-# `python -m gpt.gpu_check --help`.
+# `python -m gpt.commands.gpu_check --help`.
 # Exit status: 0 when nothing failed, 1 otherwise (and when no GPU is visible).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -27,4 +27,4 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
     echo "gpu_check: no CUDA GPU is visible to $PY ($version); run it on a machine with one" >&2
     exit 1
 fi
-exec "$PY" -m gpt.gpu_check "$OUT" --tests tests/test_cuda.py --config configs/gpt2-small.yaml "$@"
+exec "$PY" -m gpt.commands.gpu_check "$OUT" --tests tests/test_cuda.py --config configs/gpt2-small.yaml "$@"

@@ -1,4 +1,4 @@
-"""Tokenise a corpus into token files: the front door of ``gpt.prepare_data`` (``--help``).
+"""Tokenise a corpus into token files: the front door of ``gpt.commands.prepare_data`` (``--help``).
 
     python scripts/prepare_data.py shakespeare
     python scripts/prepare_data.py fineweb --max-tokens 3.5B
@@ -6,7 +6,7 @@
 
 import sys
 
-from gpt.prepare_data import main
+from gpt.commands.prepare_data import main
 
 if __name__ == "__main__":
     sys.exit(main())

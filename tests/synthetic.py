@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt.data import sample_digest
+from gpt.data.tokens import sample_digest
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -73,8 +73,8 @@ def no_sync_between_log_steps(get_mode=None, set_mode=None):
     """
     import torch
 
-    from gpt.distributed import Dist
-    from gpt.trainer import Trainer
+    from gpt.run.distributed import Dist
+    from gpt.training.loop import Trainer
 
     get_mode = get_mode or torch.cuda.get_sync_debug_mode
     set_mode = set_mode or torch.cuda.set_sync_debug_mode

@@ -1,7 +1,18 @@
-"""The package's shape: layers import only downward, functions stay short, one module owns the run
-directory's file names, and the front doors are thin."""
+"""The package's shape: the folders are the architecture.
+
+``gpt/`` holds one sub-package (a *wing*) per concern, in an order: a module imports only from
+its own wing or the wings before it (``WINGS``, the README's Layout draws the same). Within a
+wing, imports form no cycle; the commands import no other command; the config imports no
+torch; the model's files that go to the Hub import nothing of the package; one module owns the
+run directory's file names; functions stay short; the front doors are thin. Each rule is a
+function of a package folder, so the tests below also show that it catches a breach, on small
+packages they write.
+"""
 
 import ast
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -10,74 +21,102 @@ from conftest import ROOT
 
 PACKAGE = ROOT / "gpt"
 
-# Lowest first. A module may import only modules of a lower layer (the README's Layout section
-# draws the same map). A new module must be placed here: the test names it until it is.
-LAYERS = [
-    ["errors", "norms", "schedule", "loss", "plots", "monitors", "stats", "rng", "fastpath", "speed", "bounded",
-     "stages"],  # nothing from gpt/ but errors
-    ["config.schema", "tokenizer", "distributed", "data", "sources", "report"],
-    ["config.loader"],
-    ["config"],
-    ["model", "checkpoint", "optimizer", "prepare", "scoring", "cli", "card"],
-    ["hf", "summary", "rundir", "fingerprint"],
-    ["metrics", "hub"],
-    ["trainer", "evaluation", "comparison"],  # siblings: none of them imports another
-    ["grid", "benchmark"],
-    ["train", "evaluate", "compare", "sweep", "prepare_data", "demo", "bench", "push_to_hub", "generate",
-     "gpu_check"],  # the commands
-]
+# Lowest first: a wing may import its own modules and those of the wings before it.
+WINGS = ["common", "config", "model", "data", "run", "evaluation", "training", "publish", "analysis", "commands"]
+TORCH_FREE = ["common", "config"]  # checked before anything heavy loads
+SHIPPED = ["model.gpt", "model.norms", "model.loss"]  # copied verbatim to the Hub beside the weights
+SHARED_BY_COMMANDS = "commands.cli"  # the one module of commands/ that commands import
+# The run directory's file names, spelled only by gpt.run.directory (and a checkpoint's own config copy)
 RUN_DIR_FILES = {"config.yaml", "metrics.jsonl", "summary.json", "wandb_id.txt", "checkpoints", "hub.json",
-                 ".hub-staging"}
+                 ".hub-staging", "loss.png", "lr.png", "grad_norm.png", "comparison.json", "eval-"}
+OWNERS = {"run.directory": RUN_DIR_FILES, "run.checkpoints": {"config.yaml"}}
 MAX_FUNCTION_LINES = 60
 
 
-def modules() -> dict[str, Path]:
+def modules(package: Path) -> dict[str, Path]:
+    """Dotted name (``run.directory``) -> file, for every module of ``package`` but hub_code/ (files for the Hub)."""
     out = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = path.relative_to(PACKAGE).with_suffix("").parts
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        if name and parts[0] != "hub_code":  # __init__.py: only the docstring; hub_code/: files for the Hub
+        if name and "hub_code" not in parts:
             out[name] = path
     return out
 
 
-def gpt_imports(path: Path) -> set[str]:
-    """Every gpt module ``path`` imports, at the top or inside a function."""
+def imports(name: str, path: Path, top: str) -> set[str]:
+    """Every module of package ``top`` that module ``name`` imports (relative imports resolved), at the
+    top or inside a function; ``from top.x import y`` counts as ``x.y`` when that is a module."""
     found = set()
+    here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "gpt":
-            if node.module == "gpt":
-                found |= {a.name for a in node.names}
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[:len(here) - node.level + 1] + (node.module.split(".") if node.module else [])
+                module = ".".join(base)
+            elif node.module and node.module.split(".")[0] == top:
+                module = node.module.removeprefix(top).lstrip(".")
             else:
-                found.add(node.module.removeprefix("gpt."))
+                continue
+            found |= {f"{module}.{a.name}".lstrip(".") for a in node.names} | {module}
         elif isinstance(node, ast.Import):
-            found |= {a.name.removeprefix("gpt.") for a in node.names if a.name.startswith("gpt.")}
+            found |= {a.name.removeprefix(f"{top}.") for a in node.names if a.name.startswith(f"{top}.")}
     return found
 
 
-def test_every_module_has_a_layer():
-    placed = [m for layer in LAYERS for m in layer]
-    assert len(placed) == len(set(placed))
-    assert sorted(placed) == sorted(modules()), "place new modules in LAYERS (and the README's Layout)"
+def arrows(package: Path, top: str = "gpt") -> dict[str, set[str]]:
+    """module -> the package's modules it imports (only names that are modules, or their packages)."""
+    mods = modules(package)
+    known = set(mods)
+    return {name: {m for m in imports(name, path, top) if m in known and m != name and m != ""}
+            for name, path in mods.items()}
 
 
-@pytest.mark.parametrize("name", sorted(modules()))
-def test_imports_go_only_downward(name):
-    rank = {m: i for i, layer in enumerate(LAYERS) for m in layer}
-    path = modules()[name]
-    upward = sorted(m for m in gpt_imports(path) if rank.get(m, len(LAYERS)) >= rank[name])
-    assert upward == [], f"gpt.{name} (layer {rank[name]}) imports {upward} from its own layer or above"
+def wing_of(name: str) -> str:
+    return name.split(".")[0]
 
 
-def test_no_long_functions():
-    long = []
-    for name, path in modules().items():
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                lines = node.end_lineno - node.lineno + 1
-                if lines > MAX_FUNCTION_LINES:
-                    long.append(f"gpt/{path.relative_to(PACKAGE)}:{node.lineno} {node.name}: {lines} lines")
-    assert long == []
+def against_the_order(package: Path, wings: list[str], top: str = "gpt") -> list[str]:
+    rank = {w: i for i, w in enumerate(wings)}
+    out = []
+    for name, targets in arrows(package, top).items():
+        if wing_of(name) not in rank:
+            out.append(f"{name}: in no wing (place its folder in WINGS and the README's Layout)")
+            continue
+        out += [f"{name} imports {t}" for t in sorted(targets)
+                if rank.get(wing_of(t), len(wings)) > rank[wing_of(name)]]
+    return out
+
+
+def cycles(package: Path, top: str = "gpt") -> list[str]:
+    graph, found = arrows(package, top), []
+
+    def visit(node, path):
+        for t in sorted(graph.get(node, ())):
+            if t in path:
+                found.append(" -> ".join(path[path.index(t):] + [t]))
+            elif len(path) < 12:
+                visit(t, path + [t])
+
+    for start in graph:
+        visit(start, [start])
+    return sorted(set(found))
+
+
+def commands_importing_commands(package: Path, top: str = "gpt") -> list[str]:
+    return [f"{name} imports {t}" for name, targets in arrows(package, top).items() if wing_of(name) == "commands"
+            for t in sorted(targets) if wing_of(t) == "commands" and t not in ("commands", SHARED_BY_COMMANDS)]
+
+
+def torch_in(package: Path, wings: list[str], top: str = "gpt") -> list[str]:
+    out = []
+    for name, path in modules(package).items():
+        if wing_of(name) in wings:
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+                out += [f"{name} imports {n}" for n in names if n.split(".")[0] == "torch"]
+    return out
 
 
 def string_constants(path: Path) -> set[str]:
@@ -90,11 +129,69 @@ def string_constants(path: Path) -> set[str]:
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings}
 
 
-def test_only_rundir_spells_the_run_directory_files():
-    allowed = {"rundir": RUN_DIR_FILES, "checkpoint": {"config.yaml"}}  # a checkpoint's own copy of the config
-    spelled = {name: string_constants(path) & (RUN_DIR_FILES - allowed.get(name, set()))
-               for name, path in modules().items()}
-    assert {name: found for name, found in spelled.items() if found} == {}
+def names_spelled_outside_their_owner(package: Path) -> dict[str, set[str]]:
+    spelled = {name: string_constants(path) & (RUN_DIR_FILES - OWNERS.get(name, set()))
+               for name, path in modules(package).items()}
+    return {name: found for name, found in spelled.items() if found}
+
+
+def write_package(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = root / "gpt" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return root / "gpt"
+
+
+# ------------------------------------------------------------------ the package as it is
+
+def test_every_module_is_in_a_wing_and_no_import_goes_against_the_order():
+    assert sorted({wing_of(n) for n in modules(PACKAGE)}) == sorted(WINGS)
+    assert against_the_order(PACKAGE, WINGS) == []
+
+
+def test_no_cycles_between_modules():
+    assert cycles(PACKAGE) == []
+
+
+def test_commands_import_no_other_command():
+    assert commands_importing_commands(PACKAGE) == []
+
+
+def test_the_config_imports_no_torch_even_through_others():
+    assert torch_in(PACKAGE, TORCH_FREE) == []
+    loaded = subprocess.run([sys.executable, "-c", "import sys, gpt.config; print('torch' in sys.modules)"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "False"
+
+
+def test_only_the_run_directory_spells_its_file_names():
+    assert names_spelled_outside_their_owner(PACKAGE) == {}
+
+
+def test_every_wing_says_what_it_owns_and_may_import():
+    for wing in WINGS:
+        doc = ast.get_docstring(ast.parse((PACKAGE / wing / "__init__.py").read_text())) or ""
+        assert "May import:" in doc, f"gpt/{wing}/__init__.py: say what the wing owns and what it may import"
+
+
+def test_no_long_functions():
+    long = []
+    for name, path in modules(PACKAGE).items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"gpt/{path.relative_to(PACKAGE)}:{node.lineno} {node.name}: {lines} lines")
+    assert long == []
+
+
+def test_no_two_modules_differ_only_by_a_suffix():
+    # (a wing may share a command's root: commands/train.py runs what training/ holds)
+    stems = sorted({n.split(".")[-1] for n in modules(PACKAGE) if "." in n})
+    alike = [(a, b) for a in stems for b in stems if a != b and b.startswith(a) and len(b) - len(a) <= 4
+             and b[len(a):].lstrip("_") in ("", "s", "ing", "ion", "er", "ark", "ata", "mark")]
+    assert alike == []
 
 
 FRONT_DOORS = [ROOT / "train.py", ROOT / "evaluate.py", *sorted((ROOT / "scripts").glob("*.py"))]
@@ -103,25 +200,71 @@ FRONT_DOORS = [ROOT / "train.py", ROOT / "evaluate.py", *sorted((ROOT / "scripts
 @pytest.mark.parametrize("path", FRONT_DOORS, ids=[str(p.relative_to(ROOT)) for p in FRONT_DOORS])
 def test_front_doors_only_call_a_command(path):
     tree = ast.parse(path.read_text())
-    imports = [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
-    from_gpt = [node for node in imports if isinstance(node, ast.ImportFrom) and node.module.startswith("gpt")]
+    found = [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
+    from_gpt = [node for node in found if isinstance(node, ast.ImportFrom) and node.module.startswith("gpt")]
     assert [(node.module, [a.name for a in node.names]) for node in from_gpt] == [
-        (f"gpt.{path.stem}", ["main"])], "a front door imports its command's main and nothing else from gpt"
-    others = {a.name for node in imports if node not in from_gpt for a in node.names}
+        (f"gpt.commands.{path.stem}", ["main"])], "a front door imports its command's main and nothing else"
+    others = {a.name for node in found if node not in from_gpt for a in node.names}
     assert others <= {"sys", "Path"}
     assert "sys.path" not in path.read_text()
 
 
 def test_the_hub_code_stands_alone():
-    # the modelling code shipped to the Hub must load where this package is not installed
-    for path in sorted((PACKAGE / "hub_code").glob("*.py")):
-        imported = set()
+    # what goes to the Hub must load where this package is not installed: the wrapper and the model's own files
+    allowed = {"torch", "transformers", "types", "math", "hashlib", "contextlib", "typing", "__future__"}
+    shipped = {p.stem: p for p in (PACKAGE / "publish" / "hub_code").glob("*.py")}
+    shipped |= {name.split(".")[-1]: modules(PACKAGE)[name] for name in SHIPPED}
+    for stem, path in shipped.items():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
-                imported |= {a.name.split(".")[0] for a in node.names}
+                assert {a.name.split(".")[0] for a in node.names} <= allowed, (stem, ast.unparse(node))
             elif isinstance(node, ast.ImportFrom):
-                imported.add("." + node.module if node.level else node.module.split(".")[0])
-        assert imported <= {"torch", "transformers", ".norms", ".configuration_gpt_norm"}, (path.name, imported)
-    norms_imports = {node.module or "" for node in ast.walk(ast.parse((PACKAGE / "norms.py").read_text()))
-                     if isinstance(node, ast.ImportFrom)}
-    assert not any(m.startswith("gpt") for m in norms_imports)  # shipped verbatim as norms.py
+                ok = node.module.split(".")[0] in allowed if not node.level else node.module in shipped
+                assert ok, (stem, ast.unparse(node))
+
+
+def test_the_choices_a_config_names_are_the_implementations_registries():
+    from gpt.config import NORM_TYPES, PRECISIONS, SCHEDULES
+    from gpt.model import loss, norms
+    from gpt.training import schedule
+
+    assert NORM_TYPES == norms.NORM_TYPES and SCHEDULES == schedule.SCHEDULES and PRECISIONS == loss.PRECISIONS
+
+
+# ------------------------------------------------------------------ each rule catches its breach
+
+def test_the_checks_catch_an_import_against_the_order_and_a_cycle(tmp_path):
+    pkg = write_package(tmp_path, {
+        "__init__.py": "", "model/__init__.py": "", "data/__init__.py": "", "training/__init__.py": "",
+        "model/gpt.py": "from gpt.training.loop import Trainer\n",  # the model reaching up to training
+        "data/a.py": "from . import b\n", "data/b.py": "from gpt.data import a\n",  # a cycle
+        "training/loop.py": "from gpt.data.a import x\n",  # downward: fine
+    })
+    assert against_the_order(pkg, ["model", "data", "training"]) == ["model.gpt imports training.loop"]
+    assert cycles(pkg) == ["data.a -> data.b -> data.a", "data.b -> data.a -> data.b"]
+    unplaced = against_the_order(pkg, ["model", "data"])  # a new folder must be placed in the order
+    assert "training.loop: in no wing (place its folder in WINGS and the README's Layout)" in unplaced
+
+
+def test_the_checks_catch_a_command_importing_a_command(tmp_path):
+    pkg = write_package(tmp_path, {
+        "__init__.py": "", "commands/__init__.py": "", "commands/cli.py": "",
+        "commands/train.py": "from gpt.commands.cli import command\n",  # the shared helpers: fine
+        "commands/sweep.py": "def main():\n    from gpt.commands import train\n",  # inside a function too
+    })
+    assert commands_importing_commands(pkg) == ["commands.sweep imports commands.train"]
+
+
+def test_the_checks_catch_torch_in_the_config(tmp_path):
+    pkg = write_package(tmp_path, {"__init__.py": "", "config/__init__.py": "",
+                                   "config/schema.py": "def names():\n    from torch.nn import LayerNorm\n"})
+    assert torch_in(pkg, ["config"]) == ["config.schema imports torch.nn"]
+
+
+def test_the_checks_catch_a_run_directory_name_spelled_elsewhere(tmp_path):
+    pkg = write_package(tmp_path, {
+        "__init__.py": "", "run/__init__.py": "", "publish/__init__.py": "",
+        "run/directory.py": 'LOSS = "loss.png"\n',
+        "publish/export.py": 'def chart(run):\n    """Reads loss.png."""\n    return run / "loss.png"\n',
+    })
+    assert names_spelled_outside_their_owner(pkg) == {"publish.export": {"loss.png"}}

@@ -8,11 +8,12 @@ import sys
 import pytest
 import torch
 
-from gpt.benchmark import fits_in_memory, largest_fitting, micro_batch_plan, with_ratios
+from gpt.analysis.timing import with_ratios
+from gpt.training.micro_batch import fits_in_memory, largest_fitting, micro_batch_plan
 from gpt.config import ModelConfig, load_config
-from gpt.distributed import Dist
-from gpt.model import GPT
-from gpt.speed import mfu, peak_tflops, percentile, step_stats
+from gpt.run.distributed import Dist
+from gpt.model.gpt import GPT
+from gpt.analysis.mfu import mfu, peak_tflops, percentile, step_stats
 
 from conftest import CONFIGS, ROOT
 
@@ -87,7 +88,7 @@ def test_bench_json_rows_hold_every_field():
 
 
 def test_bench_with_a_peak_gives_mfu_and_the_table(train_yaml):
-    out = subprocess.run([sys.executable, "-m", "gpt.bench", str(train_yaml()), "--data", "ready", "--steps", "2",
+    out = subprocess.run([sys.executable, "-m", "gpt.commands.bench", str(train_yaml()), "--data", "ready", "--steps", "2",
                           "--warmup", "1", "--norm-types", "handrolled_layernorm", "--peak-tflops", "0.001"],
                          capture_output=True, text=True, env=ENV, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -98,7 +99,7 @@ def test_bench_with_a_peak_gives_mfu_and_the_table(train_yaml):
 
 
 def test_norms_only_rows():
-    out = subprocess.run([sys.executable, "-m", "gpt.bench", "--norms-only", "--shape", "2", "16", "32", "--steps",
+    out = subprocess.run([sys.executable, "-m", "gpt.commands.bench", "--norms-only", "--shape", "2", "16", "32", "--steps",
                           "3", "--warmup", "1", "--json"], capture_output=True, text=True, env=ENV, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [json.loads(line) for line in out.stdout.splitlines()]
@@ -108,8 +109,8 @@ def test_norms_only_rows():
 
 
 def test_rows_are_kept_as_they_come_and_a_failing_row_does_not_end_the_run(tmp_path, monkeypatch):
-    from gpt import benchmark
-    from gpt.bench import append_to, table
+    from gpt.analysis import timing as benchmark
+    from gpt.commands.bench import append_to, table
 
     real = benchmark.time_norm
 
@@ -139,7 +140,7 @@ def test_bench_mistakes_are_one_line(train_yaml):
     for args, message in [(["--steps", "0", str(train_yaml())], "--steps 0 --warmup 3: both must be >= 1"),
                           ([], "give a CONFIG to time its training steps, or --norms-only"),
                           ([str(train_yaml()), "--set", "model.n_heads=3"], "model.n_heads: 3 does not divide")]:
-        out = subprocess.run([sys.executable, "-m", "gpt.bench", *args], capture_output=True, text=True, env=ENV)
+        out = subprocess.run([sys.executable, "-m", "gpt.commands.bench", *args], capture_output=True, text=True, env=ENV)
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
 
 

@@ -10,9 +10,9 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from gpt.comparison import compare
+from gpt.analysis.table import compare
 from gpt.config import config_from_dict, dump_config
-from gpt.errors import UserError
+from gpt.common.errors import UserError
 
 from conftest import ROOT
 
@@ -20,7 +20,7 @@ T_975_2DF = 4.302652729911275  # Student t, 97.5% quantile, 2 degrees of freedom
 
 BASE = {"hr": [3.600, 3.590, 3.610], "pt": [3.570, 3.575, 3.580]}
 
-SEGMENT = {  # a training segment's fingerprint as gpt.fingerprint.take writes it: 8 x A100 in bf16
+SEGMENT = {  # a training segment's fingerprint as gpt.run.fingerprint.take writes it: 8 x A100 in bf16
     "from_step": 0, "started": "2026-12-01T00:00:00Z", "host": "node-1",
     "train": {"precision": "bf16", "compile": True, "tf32": True, "micro_batch_size": 12, "grad_accum": 1},
     "hardware": {"device": "cuda", "name": "NVIDIA A100-SXM4-40GB", "world_size": 8},
@@ -206,7 +206,7 @@ def paired_power(delta, sd, n):
 def test_seeds_needed_and_resolvable_difference_are_exact_power(tmp_path):
     from scipy import stats as st
 
-    from gpt import stats
+    from gpt.analysis import stats
 
     for sd, n in ((0.01, 2), (0.01, 3), (0.01, 4), (0.004, 7)):
         delta = stats.resolvable_difference(sd, n)
@@ -231,7 +231,7 @@ def test_seeds_needed_and_resolvable_difference_are_exact_power(tmp_path):
 def test_seeds_needed_and_equivalence_through_compare(tmp_path):
     from scipy import stats as st
 
-    from gpt import stats
+    from gpt.analysis import stats
 
     diffs = [-0.030, -0.015, -0.030, -0.020, -0.025]
     n, mean = len(diffs), sum(diffs) / len(diffs)
@@ -474,7 +474,7 @@ def crossed_losses():
 def test_variance_components_match_a_hand_computation():
     from scipy import stats as st
 
-    from gpt import stats
+    from gpt.analysis import stats
 
     y = crossed_losses()
     n_i, n_j = y.shape
@@ -507,7 +507,7 @@ def test_variance_components_match_a_hand_computation():
 
 
 def test_variance_component_intervals_cover_at_their_level():
-    from gpt import stats
+    from gpt.analysis import stats
 
     rng = np.random.default_rng(7)
     hits = {"init": 0, "data": 0, "residual": 0}
@@ -528,7 +528,7 @@ def test_compare_splits_the_noise_of_a_crossed_design(tmp_path):
     runs += [make_run(tmp_path, f"pt-i{i}-d{j}", "pytorch_layernorm", j, float(y[i, j]) - 0.02, init_seed=i)
              for i in range(3) for j in range(4)]
     result = compare(runs, tmp_path / "out")
-    from gpt import stats
+    from gpt.analysis import stats
 
     hr = result["groups"][0]["noise_sources"]
     expected = stats.variance_components(y)

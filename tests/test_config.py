@@ -7,7 +7,7 @@ import pytest
 
 from gpt.config import (Config, ConfigError, config_from_dict, describe_fields, dump_config,
                         load_config)
-from gpt.norms import NORM_TYPES
+from gpt.model.norms import NORM_TYPES
 
 from conftest import CONFIGS
 
@@ -230,7 +230,7 @@ def test_schedule_holes_and_infinite_numbers(base, tmp_path):
 def test_every_norm_type_trains_the_same_steps_and_tokens(monkeypatch):
     import torch
 
-    from gpt.model import GPT
+    from gpt.model.gpt import GPT
 
     monkeypatch.setattr(GPT, "init_weights", lambda self, seed: None)  # counting needs no values
     lengths = {}

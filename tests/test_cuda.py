@@ -18,10 +18,10 @@ import torch
 from safetensors.torch import load_file
 
 from gpt.config import load_config
-from gpt.model import GPT
-from gpt.rundir import find_checkpoint
-from gpt.speed import peak_tflops
-from gpt.trainer import Trainer, train
+from gpt.model.gpt import GPT
+from gpt.run.directory import find_checkpoint
+from gpt.analysis.mfu import peak_tflops
+from gpt.training.loop import Trainer, train
 from synthetic import ROOT, no_sync_between_log_steps, write_token_set, write_train_yaml
 
 try:

@@ -10,7 +10,7 @@ import sys
 import pytest
 from safetensors.torch import load_file
 
-from gpt.rundir import find_checkpoint
+from gpt.run.directory import find_checkpoint
 
 from conftest import ROOT
 

@@ -60,9 +60,9 @@ def test_demo_runs_the_whole_path(train_yaml, tmp_path):
 
 
 def test_demo_runs_the_write_up_pair_with_three_seeds(tmp_path):
-    from gpt.demo import pair_seeds
-    from gpt.grid import plan
-    from gpt.norms import NORM_TYPES
+    from gpt.commands.demo import pair_seeds
+    from gpt.analysis.experiment import plan
+    from gpt.model.norms import NORM_TYPES
 
     everything = list(NORM_TYPES)
     cells = plan(CONFIGS / "demo.yaml", everything, [0], tmp_path, seeds_for=pair_seeds(everything, [0, 1, 2]))

@@ -1,4 +1,4 @@
-"""evaluate.py and gpt.evaluation: exactness, determinism, world sizes, disjoint ranges, bad input."""
+"""evaluate.py and gpt.evaluation.test_loss: exactness, determinism, world sizes, disjoint ranges, bad input."""
 
 import json
 import math
@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from gpt.config import load_config
-from gpt.distributed import Dist
-from gpt.evaluation import EvalOptions, RangeOverride, evaluate_checkpoint
-from gpt.data import TokenFile, TokenRange
-from gpt.errors import UserError
-from gpt.model import GPT
-from gpt.rundir import find_checkpoint, resolve_which
-from gpt.scoring import evaluate_loss
-from gpt.trainer import train
+from gpt.run.distributed import Dist
+from gpt.evaluation.test_loss import EvalOptions, RangeOverride, evaluate_checkpoint
+from gpt.data.tokens import TokenFile, TokenRange
+from gpt.common.errors import UserError
+from gpt.model.gpt import GPT
+from gpt.run.directory import find_checkpoint, resolve_which
+from gpt.evaluation.token_loss import evaluate_loss
+from gpt.training.loop import train
 
 from conftest import ROOT
 
@@ -132,7 +132,7 @@ def test_bad_paths(trained, tmp_path):
 def test_hf_gpt2_is_scored_on_the_same_tokens(tmp_path, token_set):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from gpt.evaluation import evaluate_hf
+    from gpt.evaluation.test_loss import evaluate_hf
 
     torch.manual_seed(0)
     hf = GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=32, n_embd=32, n_layer=2, n_head=2)).eval()

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from gpt.config import load_config
-from gpt.fastpath import resolve
-from gpt.monitors import Throughput
-from gpt.trainer import train
+from gpt.run.fastpath import resolve
+from gpt.training.monitors import Throughput
+from gpt.training.loop import train
 
 
 def losses(train_yaml, tmp_path, name, *overrides):
@@ -98,9 +98,9 @@ def test_the_first_step_counts_in_wall_time_but_in_no_rate():
 def test_tf32_is_set_through_one_api_and_compile_never_autotunes(train_yaml, monkeypatch):
     # after torch >= 2.9's fp32_precision is set, its legacy readers (allow_tf32,
     # get_float32_matmul_precision) raise, and max-autotune calls them: the trainer compiles in the default mode
-    from gpt.distributed import Dist
-    from gpt.fastpath import apply_tf32
-    from gpt.trainer import Trainer
+    from gpt.run.distributed import Dist
+    from gpt.run.fastpath import apply_tf32
+    from gpt.training.loop import Trainer
 
     calls = []
     monkeypatch.setattr(torch, "compile", lambda model, **kw: calls.append(kw) or model)

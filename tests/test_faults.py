@@ -18,12 +18,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gpt.checkpoint import CheckpointError
+from gpt.run.checkpoints import CheckpointError
 from gpt.config import ConfigError, load_config
-from gpt.data import DataError
-from gpt.errors import UserError, os_reason
-from gpt.rundir import RunDir, find_checkpoint
-from gpt.trainer import train
+from gpt.data.tokens import DataError
+from gpt.common.errors import UserError, os_reason
+from gpt.run.directory import RunDir, find_checkpoint
+from gpt.training.loop import train
 
 from conftest import ROOT, VOCAB, write_meta, write_token_set
 
@@ -144,7 +144,7 @@ def test_a_run_name_is_one_folder_name(train_yaml, tmp_path, name):
 
 
 def test_the_running_mark(train_yaml, tmp_path, monkeypatch):
-    from gpt import trainer
+    from gpt.training import loop as trainer
 
     seen = []
     validate = trainer.Trainer.validate
@@ -161,9 +161,9 @@ def test_the_running_mark(train_yaml, tmp_path, monkeypatch):
 
 
 def test_evaluating_a_checkpoint_that_is_pruned_meanwhile(finished, monkeypatch, capsys):
-    from gpt import evaluation
-    from gpt.distributed import Dist
-    from gpt.evaluation import EvalOptions, evaluate_checkpoint
+    from gpt.evaluation import test_loss as evaluation
+    from gpt.run.distributed import Dist
+    from gpt.evaluation.test_loss import EvalOptions, evaluate_checkpoint
 
     ckpt = finished / "checkpoints" / "step-00000010"
     score = evaluation.evaluate_model
@@ -303,7 +303,7 @@ def test_a_checkpoint_that_cannot_be_written_stops_cleanly(train_yaml, tmp_path)
 
 
 def test_a_refused_write_names_the_reason(train_yaml, tmp_path, monkeypatch, capsys):
-    from gpt import checkpoint
+    from gpt.run import checkpoints as checkpoint
 
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
@@ -357,9 +357,9 @@ def command(capsys, main, *args):
 
 
 def test_malformed_files_are_one_line(train_yaml, tmp_path, token_set, finished, capsys):
-    from gpt.compare import main as compare
-    from gpt.evaluate import main as evaluate
-    from gpt.train import main as train_cli
+    from gpt.commands.compare import main as compare
+    from gpt.commands.evaluate import main as evaluate
+    from gpt.commands.train import main as train_cli
 
     data = tmp_path / "data"
     shutil.copytree(token_set, data)
@@ -398,7 +398,7 @@ def test_malformed_files_are_one_line(train_yaml, tmp_path, token_set, finished,
 
 
 def test_preparation_faults_name_the_real_cause(tmp_path, capsys):
-    from gpt.prepare_data import main
+    from gpt.commands.prepare_data import main
 
     (tmp_path / "binary.txt").write_bytes(bytes(range(256)) * 8)
     (tmp_path / "latin.txt").write_bytes("café au lait\n".encode("latin-1"))
@@ -414,7 +414,7 @@ def test_preparation_faults_name_the_real_cause(tmp_path, capsys):
     abandoned.mkdir()
     (abandoned / "train.bin").write_bytes(b"\x00\x01" * 100)
     with pytest.raises(DataError, match=r"no meta.json, so not a complete prepared set"):
-        from gpt.data import open_split
+        from gpt.data.tokens import open_split
         open_split(abandoned, "train")
     (tmp_path / "corpus.txt").write_text("\n\n".join(f"document {i} " * 50 for i in range(40)))
     assert main([str(tmp_path / "corpus.txt"), "--out", str(tmp_path / "corpus"), "--sample-by", "paragraph",
@@ -423,7 +423,7 @@ def test_preparation_faults_name_the_real_cause(tmp_path, capsys):
 
 
 def test_sweep_reads_the_run_not_torchruns_exit_status(tmp_path, train_yaml, monkeypatch):
-    from gpt import grid
+    from gpt.analysis import experiment as grid
 
     cell = grid.plan(train_yaml(), ["pytorch_layernorm"], [0], tmp_path / "runs")[0]
     cell.run.path.mkdir(parents=True)

@@ -10,14 +10,14 @@ import sys
 import numpy as np
 import pytest
 
-from gpt import fastpath
-from gpt.checkpoint import CheckpointError
+from gpt.run import fastpath
+from gpt.run.checkpoints import CheckpointError
 from gpt.config import load_config
-from gpt.data import DataError, open_split, sample_digest
-from gpt.distributed import Dist
-from gpt.evaluation import evaluate_checkpoint
-from gpt.fingerprint import code_version
-from gpt.trainer import train
+from gpt.data.tokens import DataError, open_split, sample_digest
+from gpt.run.distributed import Dist
+from gpt.evaluation.test_loss import evaluate_checkpoint
+from gpt.run.fingerprint import code_version
+from gpt.training.loop import train
 
 from conftest import ROOT, write_token_set
 
@@ -158,7 +158,7 @@ def test_a_split_changed_after_preparation_is_refused(own_data):
 def test_the_sampled_digest_reads_a_large_file_in_blocks(tmp_path):
     import hashlib
 
-    from gpt.data import SAMPLE_BLOCK, SAMPLE_BLOCKS
+    from gpt.data.tokens import SAMPLE_BLOCK, SAMPLE_BLOCKS
 
     small = tmp_path / "small.bin"
     small.write_bytes(bytes(range(256)) * 100)

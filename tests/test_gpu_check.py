@@ -8,10 +8,10 @@ import textwrap
 import pytest
 
 from gpt.config import load_config
-from gpt.gpu_check import FILES, check, plan, select
-from gpt.model import GPT
-from gpt.stages import Stage, run_stages
-from gpt.trainer import Trainer, train
+from gpt.commands.gpu_check import FILES, check, plan, select
+from gpt.model.gpt import GPT
+from gpt.analysis.stages import Stage, run_stages
+from gpt.training.loop import Trainer, train
 
 from conftest import CONFIGS, ROOT
 from synthetic import no_sync_between_log_steps
@@ -165,7 +165,7 @@ def test_the_check_imports_nothing_absent_from_the_gpu_machine(tmp_path):
     tiny = tmp_path / "tiny.yaml"  # the check's stages, on a model the CPU steps through in milliseconds
     tiny.write_text("run: {name: tiny}\nmodel: {vocab_size: 256, context_length: 16, d_model: 16, n_layers: 1, "
                     "n_heads: 2}\ntrain: {micro_batch_size: 2, global_batch_size: 2, steps: 10}\n")
-    result = subprocess.run([sys.executable, "-m", "gpt.gpu_check", str(out), "--tests", str(ROOT / "tests" /
+    result = subprocess.run([sys.executable, "-m", "gpt.commands.gpu_check", str(out), "--tests", str(ROOT / "tests" /
                              "test_cuda.py"), "--config", str(tiny), "--stages", "eager,tests,micro_batch"],
                             capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
     logs = "".join((out / name).read_text() for name in FILES if (out / name).is_file())
@@ -175,7 +175,7 @@ def test_the_check_imports_nothing_absent_from_the_gpu_machine(tmp_path):
     assert (lines["eager"], lines["tests"], lines["micro_batch"]) == ("passed", "passed", "failed"), summary
     assert "--find-micro-batch measures GPU memory, and no CUDA GPU is visible here" in summary
     assert len((out / "rows.jsonl").read_text().splitlines()) == 7 and result.returncode == 1
-    norms = subprocess.run([sys.executable, "-m", "gpt.bench", "--norms-only", "--compile", "off", "--shape", "2",
+    norms = subprocess.run([sys.executable, "-m", "gpt.commands.bench", "--norms-only", "--compile", "off", "--shape", "2",
                             "8", "16", "--steps", "1", "--warmup", "1", "--jsonl", str(out / "norms.jsonl")],
                            capture_output=True, text=True, env=env, timeout=300)
     assert norms.returncode == 0, norms.stderr

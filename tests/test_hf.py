@@ -4,9 +4,9 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from gpt.hf import (hf_config_kwargs, model_config_from_hf, state_dict_from_hf,
+from gpt.model.gpt2_weights import (hf_config_kwargs, model_config_from_hf, state_dict_from_hf,
                     state_dict_to_hf)
-from gpt.model import GPT
+from gpt.model.gpt import GPT
 
 
 def random_hf_model(seed=0, **kw):

@@ -4,6 +4,7 @@ Uploads and loads run in fresh processes, pointed at the local Hub with HF_ENDPO
 fresh HF_HOME, with a fake token that must reach the server and appear in no file.
 """
 
+import ast
 import json
 import os
 import shutil
@@ -15,14 +16,15 @@ import pytest
 import torch
 from huggingface_hub import ModelCard
 
-from gpt.checkpoint import checkpoint_config, load_weights
+from gpt.run.checkpoints import checkpoint_config, load_weights
 from gpt.config import load_config
-from gpt.model import GPT
-from gpt.norms import NORM_TYPES
-from gpt.hub import export_checkpoint
-from gpt.rundir import RunDir, find_checkpoint
-from gpt.tokenizer import get_tokenizer
-from gpt.trainer import train
+from gpt.model.gpt import GPT
+from gpt.model.norms import NORM_TYPES
+from gpt.publish.export import export_checkpoint
+from gpt.run.directory import RunDir, find_checkpoint
+from gpt.data.tokenizer import get_tokenizer
+from gpt.commands.cli import standard_hooks
+from gpt.training.loop import train
 from hubserver import HubServer
 
 from conftest import ROOT, write_token_set, write_train_yaml
@@ -45,7 +47,7 @@ def runs(tmp_path_factory):
         cfg = load_config(write_train_yaml(root, tokens, norm),
                           ["train.steps=4", "train.eval_every=4", "train.checkpoint_every=4",
                            f"model.norm_type={norm}", *extra])
-        train(cfg)
+        train(cfg, hooks=standard_hooks(cfg))  # as the train command does: the charts the card shows
         out[norm] = root / norm
     evaluated = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), str(out["pytorch_layernorm"]), "--quiet"],
                                capture_output=True, text=True)
@@ -107,9 +109,13 @@ def test_every_norm_type_loads_with_transformers_and_gives_our_logits(runs, hub)
         assert (torch.tensor(got["logits"]) - our_logits(run)).abs().max().item() <= 1e-5, norm
         assert len(got["generated"][0]) == 7  # generate() adds its 5 tokens
     files = hub.files("me/dyt")
-    assert {"model.safetensors", "config.json", "modeling_gpt_norm.py", "configuration_gpt_norm.py", "norms.py",
-            "vocab.json", "merges.txt", "tokenizer_config.json", "README.md", "loss.png"} <= set(files)
-    assert files["norms.py"] == (ROOT / "gpt" / "norms.py").read_bytes()  # a verbatim copy
+    assert {"model.safetensors", "config.json", "modeling_gpt_norm.py", "configuration_gpt_norm.py", "gpt.py",
+            "norms.py", "loss.py", "vocab.json", "merges.txt", "tokenizer_config.json", "README.md",
+            "loss.png"} <= set(files)
+    for name in ("gpt.py", "norms.py", "loss.py"):  # the model's own files, verbatim: one model, not two
+        assert files[name] == (ROOT / "gpt" / "model" / name).read_bytes(), name
+    wrapper = ast.parse(files["modeling_gpt_norm.py"].decode())
+    assert [c.name for c in wrapper.body if isinstance(c, ast.ClassDef)] == ["GPTNormForCausalLM"]  # no layers
     assert all(FAKE_TOKEN in a for a in hub.authorization)  # the token reached the Hub
 
 

@@ -47,21 +47,24 @@ def test_commands_run_from_anywhere(venv, train_yaml, tmp_path):
     python = env / "bin" / "python"
     work = tmp_path / "elsewhere"
     work.mkdir()
-    where = run(python, "-c", "import gpt.trainer; print(gpt.trainer.__file__)", cwd=work)
-    assert where.stdout.strip() == str(site_packages / "gpt" / "trainer.py"), where.stderr
+    where = run(python, "-c", "import gpt.training.loop; print(gpt.training.loop.__file__)", cwd=work)
+    assert where.stdout.strip() == str(site_packages / "gpt" / "training" / "loop.py"), where.stderr
+    # what an export ships beside the weights is installed too: the wrapper and the model's own files
+    assert (site_packages / "gpt" / "publish" / "hub_code" / "modeling_gpt_norm.py").is_file()
+    assert (site_packages / "gpt" / "model" / "gpt.py").is_file()
 
     config = train_yaml("installed")  # a config given by path, outside the working directory
     out = run(env / "bin" / "gpt-train", config, "--set", "train.steps=6", cwd=work)  # the console script
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads((tmp_path / "installed" / "summary.json").read_text())["status"] == "completed"
 
-    out = run(python, "-m", "gpt.evaluate", tmp_path / "installed", "--quiet", cwd=work)
+    out = run(python, "-m", "gpt.commands.evaluate", tmp_path / "installed", "--quiet", cwd=work)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "installed" in out.stdout and "test" in out.stdout
     assert list((tmp_path / "installed" / "checkpoints").glob("step-*/eval-test-fp32.json"))
 
     # the sweep launches its cells under torchrun as modules: no path into a checkout
-    out = run(python, "-m", "gpt.sweep", config, "--norm-types", "pytorch_rmsnorm", "--nproc", "2",
+    out = run(python, "-m", "gpt.commands.sweep", config, "--norm-types", "pytorch_rmsnorm", "--nproc", "2",
               "--set", "train.steps=4", "--set", "data.test_tokens=2048", cwd=work)
     assert out.returncode == 0, out.stderr[-3000:]
     cell = work / "runs" / "installed-pytorch-rmsnorm-s0"

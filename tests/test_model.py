@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from gpt.config import load_config
-from gpt.model import GPT, RESIDUAL_PROJECTIONS, param_seed
-from gpt.norms import NORM_TYPES
+from gpt.model.gpt import GPT, RESIDUAL_PROJECTIONS, param_seed
+from gpt.model.norms import NORM_TYPES
 
 from conftest import CONFIGS
 

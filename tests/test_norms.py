@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt.norms import NORM_MODULES, NORM_TYPES, DyT, FastLayerNorm, LayerNorm, RMSNorm, make_norm
+from gpt.model.norms import NORM_MODULES, NORM_TYPES, DyT, FastLayerNorm, LayerNorm, RMSNorm, make_norm
 
 SHAPES = [(7, 16), (3, 5, 64), (2, 9, 768)]  # (N, D) and (N, L, D), GPT-2's width included
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from gpt.config import OptimConfig
-from gpt.model import GPT
-from gpt.norms import NORM_MODULES, NORM_TYPES
-from gpt.optimizer import make_optimizer, step_unless_nonfinite
+from gpt.model.gpt import GPT
+from gpt.model.norms import NORM_MODULES, NORM_TYPES
+from gpt.training.optimizer import make_optimizer, step_unless_nonfinite
 
 
 def by_module_type(model):

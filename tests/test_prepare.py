@@ -1,4 +1,4 @@
-"""scripts/prepare_data.py and gpt.prepare: split by document, counts, determinism, bad input."""
+"""scripts/prepare_data.py and gpt.data.encode: split by document, counts, determinism, bad input."""
 
 import hashlib
 import importlib.util
@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from gpt.data import DataError
-from gpt.prepare import prepare
-from gpt.sources import SourceError, Source, open_source, play_to_text
-from gpt.tokenizer import EOT_TOKEN, gpt2_encoding
+from gpt.data.tokens import DataError
+from gpt.data.encode import prepare
+from gpt.data.sources import SourceError, Source, open_source, play_to_text
+from gpt.data.tokenizer import EOT_TOKEN, gpt2_encoding
 
 from conftest import ROOT
 
@@ -242,7 +242,7 @@ def test_overwrite_replaces(corpus, tmp_path):
 
 
 def test_tokenizer_problems_are_one_line_errors(corpus, tmp_path, capsys, monkeypatch):
-    from gpt import tokenizer
+    from gpt.data import tokenizer
 
     res = run_prepare(capsys, corpus["txt"], "--out", tmp_path / "out", "--tokenizer", "gpt5")
     assert res.returncode == 2 and res.stderr.count("\n") == 1

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from gpt.config import OptimConfig
-from gpt.schedule import lr_at, warmup_steps
+from gpt.training.schedule import lr_at, warmup_steps
 
 
 def test_warmup_starts_at_lr_over_w_and_peaks_at_its_last_step():
@@ -23,8 +23,45 @@ def test_warmup_starts_at_lr_over_w_and_peaks_at_its_last_step():
 def test_the_words_say_what_the_code_does():
     import dataclasses
 
-    import gpt.schedule
+    import gpt.training.schedule
 
     doc = next(f for f in dataclasses.fields(OptimConfig) if f.name == "warmup_frac").metadata["doc"]
     assert "lr x (s + 1) / W" in doc and "first step uses lr / W" in doc and "from 0" not in doc
-    assert "lr * (s + 1) / W" in gpt.schedule.__doc__ and "from 0" not in gpt.schedule.__doc__
+    assert "lr * (s + 1) / W" in gpt.training.schedule.__doc__ and "from 0" not in gpt.training.schedule.__doc__
+
+
+def test_constant_holds_the_peak_after_the_warmup():
+    lr, total = 1e-3, 100
+    at = [lr_at(s, total, lr=lr, min_lr=1e-5, warmup_frac=0.1, schedule="constant") for s in range(total)]
+    assert at[:10] == pytest.approx([lr * (s + 1) / 10 for s in range(10)])
+    assert at[9:] == [lr] * 91  # from the last warmup step to the last step, exactly lr
+
+
+def test_wsd_is_stable_then_decays_linearly_to_min_lr_over_its_last_fraction():
+    lr, min_lr, total = 1e-3, 1e-4, 100
+    at = [lr_at(s, total, lr=lr, min_lr=min_lr, warmup_frac=0.1, schedule="wsd", decay_frac=0.2)
+          for s in range(total)]
+    assert at[0] == pytest.approx(lr / 10) and at[9] == pytest.approx(lr)  # the shared warmup
+    assert at[10:80] == [lr] * 70  # stable up to the decay's start, step 100 - 20 = 80
+    # decay: step 80 has taken one of its 20 steps, the last step reaches min_lr
+    assert at[80] == pytest.approx(lr + (min_lr - lr) * 1 / 20)
+    assert at[80:] == pytest.approx([lr + (min_lr - lr) * (s - 79) / 20 for s in range(80, 100)])
+    assert at[-1] == pytest.approx(min_lr) and all(a > b for a, b in zip(at[79:], at[80:]))
+
+
+def test_cosine_ends_exactly_at_min_lr_and_is_halfway_at_its_midpoint():
+    lr, min_lr, total = 1e-3, 1e-4, 101
+    w = warmup_steps(total, 0.0)
+    assert w == 0
+    at = [lr_at(s, total, lr=lr, min_lr=min_lr, warmup_frac=0.0) for s in range(total)]
+    assert at[0] == pytest.approx(lr) and at[50] == pytest.approx((lr + min_lr) / 2) and at[100] == pytest.approx(min_lr)
+
+
+def test_an_unknown_schedule_is_refused_with_the_valid_ones():
+    with pytest.raises(ValueError, match="unknown schedule 'step'; valid: cosine, constant, wsd"):
+        lr_at(50, 100, lr=1e-3, min_lr=0.0, warmup_frac=0.1, schedule="step")
+
+
+def test_one_step_runs_and_a_warmup_of_the_whole_run_are_defined():
+    assert lr_at(0, 1, lr=1e-3, min_lr=1e-4, warmup_frac=0.0) == pytest.approx(1e-3)
+    assert lr_at(0, 1, lr=1e-3, min_lr=1e-4, warmup_frac=1.0) == pytest.approx(1e-3)  # W = 1: lr / 1

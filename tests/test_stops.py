@@ -19,11 +19,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gpt.checkpoint import load_state, problem
-from gpt.comparison import compare
+from gpt.run.checkpoints import load_state, problem
+from gpt.analysis.table import compare
 from gpt.config import load_config
-from gpt.rundir import find_checkpoint
-from gpt.trainer import train
+from gpt.run.directory import find_checkpoint
+from gpt.training.loop import train
 
 from conftest import ROOT
 from hubserver import HubServer
@@ -405,8 +405,8 @@ def test_a_hostile_state_file_is_a_damaged_checkpoint(train_yaml, tmp_path):
 
 
 def test_weights_that_do_not_fit_are_named_in_a_short_line(train_yaml, tmp_path):
-    from gpt.checkpoint import CheckpointError, load_weights
-    from gpt.model import GPT
+    from gpt.run.checkpoints import CheckpointError, load_weights
+    from gpt.model.gpt import GPT
 
     cfg = load_config(train_yaml(), ["train.steps=2", "train.checkpoint_every=2"])
     train(cfg)
@@ -453,7 +453,7 @@ def test_every_hub_request_gives_up_after_its_timeout(tmp_path):
     folder = tmp_path / "export"
     folder.mkdir()
     (folder / "README.md").write_text("x")
-    code = ("import sys, time; import gpt.hub as hub; hub.HUB_TIMEOUT_S = (2.0, 2.0, 2.0, 2.0); began = time.time()\n"
+    code = ("import sys, time; import gpt.publish.hub_api as hub; hub.HUB_TIMEOUT_S = (2.0, 2.0, 2.0, 2.0); began = time.time()\n"
             "try:\n    hub.upload_folder(__import__('pathlib').Path(sys.argv[1]), 'me/x', attempts=1)\n"
             "except hub.UploadError as e:\n    print(round(time.time() - began, 1)); print(e)")
     url = f"http://127.0.0.1:{server.getsockname()[1]}"

@@ -8,9 +8,9 @@ import sys
 import pytest
 from safetensors.torch import load_file
 
-from gpt.errors import UserError
-from gpt.grid import run_sweep
-from gpt.rundir import find_checkpoint
+from gpt.common.errors import UserError
+from gpt.analysis.experiment import run_sweep
+from gpt.run.directory import find_checkpoint
 
 from conftest import ROOT
 
@@ -69,7 +69,7 @@ def test_dry_run_prints_commands(grid_cfg, tmp_path):
     assert len(lines) == 5 and not (tmp_path / "r").exists()
     assert "torch.distributed.run --standalone --nproc_per_node=2" in lines[0]
     assert "--set model.norm_type=no_norm --set train.seed=1 --set run.name=grid-no-norm-s1" in lines[0]
-    assert lines[0].endswith("--resume auto") and "-m gpt.evaluate" in lines[1] and "-m gpt.compare" in lines[4]
+    assert lines[0].endswith("--resume auto") and "-m gpt.commands.evaluate" in lines[1] and "-m gpt.commands.compare" in lines[4]
 
 
 def test_crossed_seeds_split_the_noise(grid_cfg, tmp_path):
@@ -98,12 +98,12 @@ def test_crossed_seeds_split_the_noise(grid_cfg, tmp_path):
 
 
 def test_dry_run_of_crossed_seeds(grid_cfg, tmp_path, capsys):
-    from gpt.sweep import main
+    from gpt.commands.sweep import main
 
     assert main([str(grid_cfg), "--norm-types", "no_norm", "--init-seeds", "0", "1", "--data-seeds", "5", "6",
                  "--runs-dir", str(tmp_path / "r"), "--allow-differ", "hardware.name", "--dry-run"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    trains = [line for line in lines if "-m gpt.train" in line]
+    trains = [line for line in lines if "-m gpt.commands.train" in line]
     assert len(trains) == 4 and not (tmp_path / "r").exists()
     assert "--set train.seed=6 --set model.init_seed=1 --set run.name=grid-no-norm-i1-s6" in trains[3]
-    assert lines[-1].endswith("--allow-differ hardware.name") and "-m gpt.compare" in lines[-1]
+    assert lines[-1].endswith("--allow-differ hardware.name") and "-m gpt.commands.compare" in lines[-1]

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from gpt import tokenizer
-from gpt.errors import UserError
-from gpt.tokenizer import EOT_TOKEN, get_tokenizer, gpt2_encoding, gpt2_files_dir
+from gpt.data import tokenizer
+from gpt.common.errors import UserError
+from gpt.data.tokenizer import EOT_TOKEN, get_tokenizer, gpt2_encoding, gpt2_files_dir
 
 TEXTS = ["Hello world", "  leading spaces\n\nand\ttabs", "naïve café — 日本語 🎭", "I'll've we're 123456",
          "O Romeo, Romeo! wherefore art thou Romeo?\n", "<|endoftext|> as plain text"]

@@ -8,21 +8,24 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from gpt import checkpoint as ckpt_io
+from gpt.run import checkpoints as ckpt_io
 from gpt.config import load_config
-from gpt.data import DataError
-from gpt.distributed import Dist
-from gpt.errors import UserError
-from gpt.model import GPT
-from gpt.rundir import find_checkpoint
-from gpt.trainer import train
+from gpt.data.tokens import DataError
+from gpt.run.distributed import Dist
+from gpt.common.errors import UserError
+from gpt.model.gpt import GPT
+from gpt.run.directory import find_checkpoint
+from gpt.commands.cli import standard_hooks
+from gpt.training.hooks import RunHooks
+from gpt.training.loop import train
 
-from conftest import ROOT
+from conftest import ROOT, write_train_yaml
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -43,7 +46,7 @@ def run_train(*args, env=None, **kw):
 
 def test_short_run_learns_and_writes_every_file(train_yaml, tmp_path):
     cfg = load_config(train_yaml())
-    summary = train(cfg)
+    summary = train(cfg, hooks=standard_hooks(cfg))  # as the train command runs it: charts drawn
     run = tmp_path / "run"
     records = metrics(run)
     assert [r["step"] for r in records] == list(range(1, 21))
@@ -404,7 +407,7 @@ def test_tokens_per_param_gives_every_norm_type_the_same_length(train_yaml, tmp_
 
 
 def test_pauses_leave_out_the_wait_for_the_device(monkeypatch):
-    from gpt import monitors
+    from gpt.training import monitors
 
     clock = {"t": 100.0}
     monkeypatch.setattr(monitors.time, "perf_counter", lambda: clock["t"])
@@ -418,3 +421,54 @@ def test_pauses_leave_out_the_wait_for_the_device(monkeypatch):
         clock["t"] += 2.0  # evaluating
     assert th.paused_seconds == 2.0
     assert th.since_last_log(step=4) == pytest.approx(4 * 10 / 4.0)  # 1 + 3 s of training for 4 steps
+
+
+class Recorder(RunHooks):
+    """A hook that writes down what the trainer told it, and adds its own key to the summary."""
+
+    def __init__(self, problem=None):
+        self.calls, self.problem = [], problem
+
+    def started(self, run_path):
+        self.calls.append(("started", Path(run_path).name, (Path(run_path) / "summary.json").is_file()))
+
+    def checkpoint_saved(self, ckpt):
+        self.calls.append(("checkpoint_saved", ckpt.name, (ckpt / "model.safetensors").is_file()))
+
+    def finished(self, status, final, summary, stop):
+        self.calls.append(("finished", status, final.name if final else None, summary["steps"]))
+        summary["recorder"] = len(self.calls)
+        return self.problem
+
+
+def test_the_trainer_tells_its_hooks_in_order_and_knows_nothing_else(train_yaml, tmp_path, capsys):
+    cfg = load_config(train_yaml())
+    first, second = Recorder(), Recorder(problem="the recorder's own problem")
+    summary = train(cfg, hooks=[first, second])
+    assert first.calls == second.calls == [
+        ("started", "run", True),  # after the run folder is set up and marked running
+        ("checkpoint_saved", "step-00000010", True), ("checkpoint_saved", "step-00000020", True),
+        ("finished", "completed", "step-00000020", 20)]
+    saved = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["recorder"] == saved["recorder"] == 4 and saved["status"] == "completed"
+    assert capsys.readouterr().err.splitlines()[-1] == "warning: the recorder's own problem"  # one line, no stop
+    # without hooks the trainer draws nothing and uploads nothing: charts and the Hub are the hooks' business
+    assert not any((tmp_path / "run" / png).exists() for png in ("loss.png", "lr.png", "grad_norm.png"))
+
+
+def test_a_checkpoint_written_before_the_folders_moved_resumes_to_the_same_run(token_set, tmp_path):
+    # tests/fixtures/before_the_move: the step-10 checkpoint of a 20-step run by the flat package (2c85bcc),
+    # its step-20 weights and last metrics. Resumed by this code, the run ends where the old code's did.
+    fixture = ROOT / "tests" / "fixtures" / "before_the_move"
+    ckpt = tmp_path / "run" / "checkpoints" / "step-00000010"
+    shutil.copytree(fixture / "step-00000010", ckpt)
+    cfg = load_config(write_train_yaml(tmp_path, token_set), ["train.checkpoint_every=10", "train.keep_last=5"])
+    summary = train(cfg, resume=str(ckpt))
+    assert summary["status"] == "completed" and summary["steps"] == 20
+    old = load_file(fixture / "step-00000020-model.safetensors")
+    new = load_file(tmp_path / "run" / "checkpoints" / "step-00000020" / "model.safetensors")
+    assert old.keys() == new.keys() and all(torch.equal(old[k], new[k]) for k in old)  # bit for bit
+    expected = json.loads((fixture / "expected.json").read_text())["step_20"]
+    last = metrics(tmp_path / "run")[-1]
+    assert {k: last[k] for k in expected} == expected
+    assert [s["from_step"] for s in summary["segments"]] == [0, 10]  # the old segment, then this one

@@ -2,13 +2,17 @@
 
     from gpt.config import load_config
     cfg = load_config("configs/tiny.yaml", ["model.norm_type=pytorch_rmsnorm"])
+
+Owns: every config key with its default and doc, the names a config may choose among (norm types,
+schedules, precisions), overrides, the differences that refuse a resume.
+May import: ``gpt.common``; never torch (a config is checked before anything heavy loads).
 """
 
 from gpt.config.loader import (ConfigError, config_differences, config_from_dict, config_to_dict, describe_fields,
                                dump_config, flatten, load_config, parse_override)
-from gpt.config.schema import (RESUMABLE, Config, DataConfig, HubConfig, LogConfig, ModelConfig, OptimConfig,
+from gpt.config.schema import (NORM_TYPES, PRECISIONS, RESUMABLE, SCHEDULES, Config, DataConfig, HubConfig, LogConfig, ModelConfig, OptimConfig,
                                RunConfig, TrainConfig)
 
-__all__ = ["Config", "ConfigError", "DataConfig", "HubConfig", "LogConfig", "ModelConfig", "OptimConfig",
+__all__ = ["NORM_TYPES", "PRECISIONS", "SCHEDULES", "Config", "ConfigError", "DataConfig", "HubConfig", "LogConfig", "ModelConfig", "OptimConfig",
            "RESUMABLE", "RunConfig", "TrainConfig", "config_differences", "config_from_dict", "config_to_dict",
            "describe_fields", "dump_config", "flatten", "load_config", "parse_override"]

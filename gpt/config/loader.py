@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from gpt.config.schema import REQUIRED, Config
-from gpt.errors import UserError
+from gpt.common.errors import UserError
 
 
 class ConfigError(UserError):

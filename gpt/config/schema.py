@@ -15,16 +15,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpt.loss import PRECISIONS
-from gpt.norms import NORM_TYPES
-from gpt.schedule import SCHEDULES
+# The choices a config may name. This package imports no torch (a config is checked before anything heavy
+# loads), so the implementations keep their own registries and tests/test_architecture.py holds them equal:
+# gpt.model.norms (shipped alone to the Hub), gpt.training.schedule and gpt.model.loss.
+NORM_TYPES = ("handrolled_layernorm", "pytorch_layernorm", "handrolled_rmsnorm", "pytorch_rmsnorm", "no_norm", "dyt",
+              "handrolled_layernorm_fast")
+SCHEDULES = ("cosine", "constant", "wsd")
+PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 # What a resumed run may change (prefixes of dotted keys): how the run is named, stored, logged,
 # fetched and executed, never what it computes. Any other difference from the checkpoint's
-# config is refused (gpt.checkpoint.check_same_experiment). data.path and friends name where
+# config is refused (gpt.run.checkpoints.check_same_experiment). data.path and friends name where
 # the tokens are, and train.tf32 / compile / prefetch how they are computed: the fingerprint
-# check (gpt.fingerprint.check_resume) refuses other tokens, another resolved precision or
+# check (gpt.run.fingerprint.check_resume) refuses other tokens, another resolved precision or
 # TF32, another device type.
 RESUMABLE = ("run.", "log.", "hub.", "data.path", "data.hub_repo", "data.hub_revision",
              "train.eval_every", "train.checkpoint_every", "train.keep_last", "train.compile", "train.tf32",

@@ -1,0 +1,205 @@
+"""Timing real training steps, and single norm layers: the rows ``bench.py`` prints.
+
+A step row times ``Trainer.train_step``, the step the trainer runs (reading the batch,
+forward and backward under the configured autocast, gradient norm, fused AdamW), on
+this process's share of the configured world size, after ``warmup`` steps. Step times
+come from CUDA events (no waiting for the GPU between steps) or, on the CPU, the clock.
+``data``: ``config`` reads the config's token set, ``synthetic`` a random one made for
+the run, ``ready`` one step's batches read once and handed back at every step (the
+difference to ``config`` is what reading costs).
+
+A norm row times one norm layer's forward and backward on a (B, T, D) activation in
+fp32 under the configured autocast: what the norm sees in a training step, where the
+residual stream stays fp32.
+
+Rows are handed to ``emit`` the moment each is measured, so a benchmark stopped part-way
+(a time limit, a kill) keeps every finished row. A row that raises (out of memory, a
+compile failure) becomes an error row naming the exception, and the next row runs.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from gpt.config import Config
+from gpt.data.tokens import resolve_data_dir, write_random_set
+from gpt.run.distributed import Dist, device_name, peak_memory_bytes
+from gpt.common.errors import UserError, first_line
+from gpt.run.fastpath import auto_precision, resolve
+from gpt.model.loss import autocast_for
+from gpt.model.norms import make_norm
+from gpt.analysis.mfu import mfu, peak_tflops, step_stats
+from gpt.training.loop import Trainer
+from gpt.training.micro_batch import free_memory
+
+BASELINE = "handrolled_layernorm"  # every row's time is also given as a ratio to this norm's row
+
+
+class StepTimer:
+    """Wall time of each step, without waiting for the device between steps."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list = []
+        self.mark()
+
+    def mark(self) -> None:
+        """The end of a step (and the start of the next)."""
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def seconds(self) -> list[float]:
+        """Each step's seconds (waits for the device once)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) / 1e3 for a, b in zip(self.marks, self.marks[1:])]
+        return [b - a for a, b in zip(self.marks, self.marks[1:])]
+
+
+def bench_config(cfg: Config, norm_type: str, compile_: bool, steps: int) -> Config:
+    """``cfg`` with one norm type and compile setting, ``steps`` steps long (its own length aside)."""
+    c = copy.deepcopy(cfg)
+    c.model.norm_type, c.train.compile = norm_type, compile_
+    c.train.steps, c.train.tokens, c.train.tokens_per_param = steps, None, None
+    return c
+
+
+def data_for(cfg: Config, dist: Dist, mode: str, steps: int) -> Path:
+    """The token set a benchmark reads: the config's, or (rank 0 writes it) a random one of ``steps`` steps."""
+    if mode != "synthetic":
+        return dist.on_main(lambda: resolve_data_dir(cfg.data.path, cfg.data.hub_repo, cfg.data.hub_revision))
+    n_tokens = (steps + 1) * cfg.tokens_per_step + 1
+    return dist.on_main(lambda: write_random_set(Path(tempfile.mkdtemp(prefix="gpt-bench-")), n_tokens,
+                                              cfg.model.vocab_size))
+
+
+def time_steps(cfg: Config, dist: Dist, data_dir: Path, ready: bool, steps: int, warmup: int) -> dict:
+    """Build what the trainer builds for ``cfg`` and time ``warmup + steps`` training steps."""
+    if dist.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dist.device)
+    trainer = Trainer(cfg, dist)
+    try:
+        trainer.ready_to_step(data_dir, repeat=ready)
+        timer = StepTimer(dist.device)
+        for _ in range(warmup + steps):
+            trainer.train_step()
+            timer.mark()
+        seconds = timer.seconds()
+        return {"first_step_s": seconds[0], **step_stats(seconds[warmup:]),
+                "tokens_per_s": steps * cfg.tokens_per_step / sum(seconds[warmup:]),
+                "flops_per_token": trainer.model.flops_per_token(), "precision": trainer.fast.precision,
+                "peak_memory_bytes": peak_memory_bytes(dist.device)}
+    finally:
+        trainer.release()
+        del trainer
+        free_memory(dist.device)
+
+
+def measured(row: dict, measure, device: torch.device, emit) -> dict:
+    """``row`` with what ``measure()`` returns, or, if it raises, with the error instead (the next row
+    still runs); handed to ``emit`` at once."""
+    try:
+        row = {**row, **measure()}
+    except Exception as e:  # out of memory, a compile failure: this row's result, not the benchmark's end
+        free_memory(device)
+        row = {**row, "error": f"{type(e).__name__}: {first_line(e)}"}
+    if emit is not None:
+        emit(row)
+    return row
+
+
+def step_rows(cfg: Config, dist: Dist, norm_types: list[str], compiles: list[bool], *, steps: int, warmup: int,
+              data: str, peak: float | None = None, emit=None) -> list[dict]:
+    """One row per (compile setting, norm type), in that order: speed, MFU and memory of the training step;
+    each handed to ``emit`` as soon as it is measured."""
+    data_dir = data_for(cfg, dist, data, warmup + steps)
+    device = device_name(dist.device)
+    peak = peak if peak is not None else peak_tflops(device)
+    rows = []
+    try:
+        for compile_ in compiles:
+            for norm_type in norm_types:
+                c = bench_config(cfg, norm_type, compile_, warmup + steps)
+                row = {"mode": "step", "config": cfg.run.name, "norm_type": norm_type, "compile": compile_,
+                       "device": device, "world_size": dist.world_size, "micro_batch": c.train.micro_batch_size,
+                       "global_batch": c.train.global_batch_size, "tokens_per_step": c.tokens_per_step,
+                       "steps": steps, "warmup": warmup, "data": data, "peak_tflops": peak}
+                rows.append(measured(row, lambda: step_numbers(c, dist, data_dir, data, steps, warmup, peak), dist.device,
+                                     emit))
+    finally:
+        if data == "synthetic":
+            dist.barrier()
+            if dist.is_main:
+                shutil.rmtree(data_dir, ignore_errors=True)
+    return with_ratios(rows)
+
+
+def step_numbers(cfg: Config, dist: Dist, data_dir: Path, data: str, steps: int, warmup: int,
+                 peak: float | None) -> dict:
+    """A step row's measurements: ``time_steps`` and what follows from it (compile time, MFU)."""
+    r = time_steps(cfg, dist, data_dir, data == "ready", steps, warmup)
+    return {**r, "compile_s": r["first_step_s"] - r["ms_per_step"] / 1e3 if cfg.train.compile else None,
+            "mfu": mfu(r["flops_per_token"], r["tokens_per_s"], peak, dist.world_size)}
+
+
+def with_ratios(rows: list[dict]) -> list[dict]:
+    """Add each row's step time relative to the hand-rolled LayerNorm row of the same compile setting
+    (None where that row is missing or failed): below 1, faster."""
+    base = {r["compile"]: r["ms_per_step"] for r in rows if r["norm_type"] == BASELINE and "error" not in r}
+    for r in rows:
+        b = base.get(r["compile"])
+        r[f"time_vs_{BASELINE}"] = r["ms_per_step"] / b if b and "error" not in r else None
+    return rows
+
+
+def time_norm(norm_type: str, shape: tuple[int, int, int], device: torch.device, precision: str, compile_: bool,
+              steps: int, warmup: int) -> list[float]:
+    """Seconds of each of ``steps`` forward + backward passes of one norm layer (after ``warmup``)."""
+    norm = make_norm({"norm_type": norm_type, "d_model": shape[-1]}).to(device)
+    fn = torch.compile(norm) if compile_ else norm
+    x = torch.randn(shape, device=device, requires_grad=True)
+    grad = torch.randn(shape, device=device)
+    autocast = autocast_for(precision, device)
+    timer = StepTimer(device)
+    for _ in range(warmup + steps):
+        with autocast():
+            y = fn(x)
+        y.backward(grad)
+        x.grad = None
+        timer.mark()
+    return timer.seconds()[warmup:]
+
+
+def norm_rows(norm_types: list[str], compiles: list[bool], *, shape: tuple[int, int, int], device: torch.device,
+              precision: str, steps: int, warmup: int, emit=None) -> list[dict]:
+    """One row per (compile setting, norm type): the norm layer alone; each handed to ``emit`` when measured."""
+    rows = []
+    for compile_ in compiles:
+        for norm_type in norm_types:
+            row = {"mode": "norm", "norm_type": norm_type, "compile": compile_, "shape": list(shape),
+                   "precision": precision, "device": device_name(device), "steps": steps, "warmup": warmup}
+            rows.append(measured(row, lambda: step_stats(time_norm(norm_type, shape, device, precision, compile_,
+                                                                   steps, warmup)), device, emit))
+            free_memory(device)
+    eager_base = next((r["ms_per_step"] for r in rows if r["norm_type"] == BASELINE and not r["compile"]
+                       and "error" not in r), None)
+    for r in rows:  # against eager hand-rolled LayerNorm: hand-rolled vs PyTorch vs compiled at a glance
+        r[f"time_vs_{BASELINE}"] = r["ms_per_step"] / eager_base if eager_base and "error" not in r else None
+    return rows
+
+
+def norms_precision(precision: str, device: torch.device) -> str:
+    """The autocast of the norm benchmark: ``auto`` as a training run on ``device`` would have it."""
+    return auto_precision(device) if precision == "auto" else precision

@@ -1,0 +1,145 @@
+"""Benchmark training steps per norm type: tokens/s, ms/step, MFU, peak memory; or each norm alone.
+
+    python scripts/bench.py CONFIG [--norm-types ...] [--compile on|off|both] [--steps N] [--warmup W]
+                            [--data config|synthetic|ready] [--peak-tflops T] [--json] [--jsonl FILE]
+                            [--set KEY=VALUE ...]
+    torchrun --nproc_per_node=8 scripts/bench.py CONFIG ...     # on the configured world size
+    python scripts/bench.py --norms-only [--shape 12 1024 768] [--precision auto|fp32|bf16|fp16] [--compile ...]
+    python -m gpt.commands.bench ...   /   gpt-bench ...
+
+Each row times real training steps of CONFIG with one norm type (the trainer's own
+step: data, forward, backward, optimizer) after --warmup steps, on the config's fast path
+(precision, TF32, prefetch) with compile as --compile says (default: both on a GPU, off on
+the CPU). Model FLOPs per token = 6 x (weights of every linear layer, the output head
+included) + 12 x layers x context x d_model; MFU divides the achieved model FLOP/s by the
+GPU's dense bf16 peak (A100 312, H100 SXM / H200 989 TFLOP/s; --peak-tflops for another
+chip: an unknown one gets no MFU). The time ratio is to the hand-rolled LayerNorm row of the
+same compile setting. --json prints one JSON object per row instead of the table; --jsonl
+appends each row to a file the moment it is measured (a benchmark stopped part-way keeps
+every finished row). A row that fails (out of memory, a compile error) is an error row
+naming the exception, and the next row runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from gpt.commands.cli import command, config_from_args, is_rank0, parser_for
+from gpt.common.errors import UserError
+from gpt.config import NORM_TYPES
+
+COMPILE_CHOICES = {"on": [True], "off": [False], "both": [False, True]}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = parser_for(__doc__, 2)
+    parser.add_argument("config", nargs="?", help="YAML config file (not needed with --norms-only)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one config value (repeatable)")
+    parser.add_argument("--norm-types", nargs="+", default=list(NORM_TYPES), choices=NORM_TYPES, metavar="NORM_TYPE")
+    parser.add_argument("--compile", choices=COMPILE_CHOICES, help="default: both on a GPU, off on the CPU")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per row (default 10)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps before them, the first one compiling "
+                                                              "(default 3)")
+    parser.add_argument("--data", choices=("config", "synthetic", "ready"), default="config",
+                        help="the config's token set, a random one, or one batch read once (default config)")
+    parser.add_argument("--peak-tflops", type=float, help="the GPU's dense bf16 peak, for a chip not in the table")
+    parser.add_argument("--json", action="store_true", help="one JSON object per row")
+    parser.add_argument("--jsonl", type=Path, metavar="FILE",
+                        help="append each row to FILE as one JSON line the moment it is measured")
+    parser.add_argument("--norms-only", action="store_true", help="time each norm layer alone, forward + backward")
+    parser.add_argument("--shape", type=int, nargs=3, default=[12, 1024, 768], metavar=("B", "T", "D"),
+                        help="--norms-only: the activation's shape (default the write-up's 12 1024 768)")
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
+                        help="--norms-only: the autocast (default auto: bf16 on a GPU, fp32 on the CPU)")
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.warmup < 1:
+        raise UserError(f"--steps {args.steps} --warmup {args.warmup}: both must be >= 1 (the first step compiles "
+                        "and warms up, so it is never timed)")
+    if args.config is None and not args.norms_only:
+        raise UserError("give a CONFIG to time its training steps, or --norms-only to time the norm layers alone")
+    return args
+
+
+@command
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cfg = None if args.norms_only else config_from_args(args)  # a config mistake stops here, before building
+    from gpt.analysis import timing as benchmark  # the heavy imports, after the arguments are known good
+    from gpt.run.distributed import setup
+
+    dist = setup(cfg.run.device if cfg else "auto")
+    emit = append_to(args.jsonl) if args.jsonl is not None and dist.is_main else None
+    try:
+        compiles = COMPILE_CHOICES[args.compile or ("both" if dist.device.type == "cuda" else "off")]
+        if args.norms_only:
+            precision = benchmark.norms_precision(args.precision, dist.device)
+            rows = benchmark.norm_rows(args.norm_types, compiles, shape=tuple(args.shape), device=dist.device,
+                                       precision=precision, steps=args.steps, warmup=args.warmup, emit=emit)
+        else:
+            rows = benchmark.step_rows(cfg, dist, args.norm_types, compiles, steps=args.steps, warmup=args.warmup,
+                                       data=args.data, peak=args.peak_tflops, emit=emit)
+    finally:
+        dist.close()
+    if is_rank0():
+        print("\n".join(json.dumps(r) for r in rows) if args.json else table(rows))
+    return 0
+
+
+def append_to(path: Path):
+    """A row sink that appends each row to ``path`` as one JSON line and flushes it to disk at once."""
+    def emit(row: dict) -> None:
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    return emit
+
+
+def _num(value, fmt: str, missing: str = "-") -> str:
+    return missing if value is None else format(value, fmt)
+
+
+def table(rows: list[dict]) -> str:
+    """The rows as a readable table, with a header naming what they share (from the first row measured)."""
+    measured = [r for r in rows if "error" not in r]
+    if not measured:
+        return "\n".join(_error_line(r) for r in rows)
+    r0 = measured[0]
+    ratio = "vs handrolled_layernorm"
+    if r0["mode"] == "norm":
+        lines = [f"norm layer alone, forward + backward of {tuple(r0['shape'])} fp32 under {r0['precision']} "
+                 f"autocast, {r0['device']}, median of {r0['steps']}; torch {torch.__version__}",
+                 f"{'norm_type':<28}{'compile':>8}{'ms':>10}{'p10-p90 ms':>18}{ratio:>25}"]
+        lines += [_error_line(r) if "error" in r else
+                  f"{r['norm_type']:<28}{'on' if r['compile'] else 'off':>8}{r['ms_per_step']:>10.3f}"
+                  f"{r['ms_p10']:>8.3f} - {r['ms_p90']:<7.3f}{_num(r['time_vs_handrolled_layernorm'], '.3f'):>25}"
+                  for r in rows]
+        return "\n".join(lines)
+    peak = f"{r0['peak_tflops']:g} TFLOP/s bf16 peak" if r0["peak_tflops"] else "no known peak: no MFU"
+    lines = [f"{r0['config']}: {r0['device']} x {r0['world_size']} ({peak}), {r0['precision']}, "
+             f"{r0['tokens_per_step']:,} tokens/step (micro-batch {r0['micro_batch']}), {r0['data']} data, "
+             f"median of {r0['steps']} steps after {r0['warmup']}; {r0['flops_per_token'] / 1e9:.4g} GFLOP/token; "
+             f"torch {torch.__version__}",
+             f"{'norm_type':<28}{'compile':>8}{'tokens/s':>12}{'ms/step':>10}{'p10-p90 ms':>20}{'MFU':>7}"
+             f"{'peak GiB':>10}{'compile s':>11}{ratio:>25}"]
+    lines += [_error_line(r) if "error" in r else
+              f"{r['norm_type']:<28}{'on' if r['compile'] else 'off':>8}{r['tokens_per_s']:>12,.0f}"
+              f"{r['ms_per_step']:>10.1f}{r['ms_p10']:>9.1f} - {r['ms_p90']:<8.1f}{_num(r['mfu'], '.1%'):>7}"
+              f"{r['peak_memory_bytes'] / 2**30:>10.2f}{_num(r['compile_s'], '.1f'):>11}"
+              f"{_num(r['time_vs_handrolled_layernorm'], '.3f'):>25}" for r in rows]
+    return "\n".join(lines)
+
+
+def _error_line(r: dict) -> str:
+    return f"{r['norm_type']:<28}{'on' if r['compile'] else 'off':>8}  failed: {r['error']}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

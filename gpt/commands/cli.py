@@ -1,0 +1,90 @@
+"""What every command shares: the UserError -> one line and exit status 2 wrapper, config arguments,
+and the hooks a training run started by a command gets.
+
+Each command is a module ``gpt.commands.<command>`` with a ``main(argv=None) -> int`` decorated
+with ``@command``; ``python -m gpt.commands.<command>``, the ``gpt-<command>`` console scripts and
+the front doors (``train.py``, ``evaluate.py``, ``scripts/*.py``) all call that ``main``. A
+command imports this module and the wings below it, never another command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+from typing import Callable
+
+from gpt.common.bounded import leave
+from gpt.config import Config, load_config
+from gpt.common.errors import UserError
+from gpt.training.monitors import StopNow
+
+USER_ERROR_EXIT = 2
+
+
+def is_rank0() -> bool:
+    """True outside torchrun and on its rank 0: the one process that prints."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+INTERRUPTED_EXIT = 130  # Ctrl-C before a command had anything to keep (the shell's own 128 + SIGINT)
+
+
+def command(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], int]:
+    """Turn a ``UserError`` raised by ``main`` into ``error: <message>`` on stderr (rank 0) and exit status 2;
+    a Ctrl-C or a run stopped at once by a third signal into one line, never a traceback."""
+
+    @functools.wraps(main)
+    def wrapped(argv: list[str] | None = None) -> int:
+        code = _run(main, argv)
+        leave(code)  # a call given up on (wandb against a silent server) would hold the exit: not waited for
+        return code
+
+    return wrapped
+
+
+def _run(main: Callable[[list[str] | None], int], argv: list[str] | None) -> int:
+    """``main(argv)``'s exit status, with what a user can cause turned into one line and its status."""
+    try:
+        return main(argv)
+    except UserError as e:
+        if is_rank0():
+            print(f"error: {e}", file=sys.stderr)
+        return USER_ERROR_EXIT
+    except StopNow as e:
+        if is_rank0():
+            print(f"{e}; the newest checkpoint stands: --resume auto continues from it", file=sys.stderr)
+        return StopNow.EXIT_CODE
+    except KeyboardInterrupt:
+        if is_rank0():
+            print("interrupted (Ctrl-C)", file=sys.stderr)
+        return INTERRUPTED_EXIT
+
+
+def parser_for(doc: str, split_at: int = 1) -> argparse.ArgumentParser:
+    """An ArgumentParser whose description is ``doc``'s first line and whose epilog is the rest after
+    its ``split_at``-th blank line (the usage lines stay in the epilog, as written)."""
+    return argparse.ArgumentParser(description=doc.splitlines()[0], epilog=doc.split("\n\n", split_at)[split_at],
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def add_config_args(parser: argparse.ArgumentParser) -> None:
+    """The arguments every config-driven command shares: CONFIG and repeated --set KEY=VALUE."""
+    parser.add_argument("config", help="YAML config file (see configs/)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one config value, e.g. --set model.norm_type=pytorch_rmsnorm "
+                             "(repeatable; values are YAML scalars)")
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    return load_config(args.config, args.overrides)
+
+
+def standard_hooks(cfg: Config) -> list:
+    """What a training run started by a command tells the world: its charts redrawn at each checkpoint,
+    then its Hub uploads (``hub.*``). Imported here, when a run starts: ``--help`` stays fast."""
+    from gpt.analysis.charts import RunCharts
+    from gpt.publish.uploads import HubUploads
+
+    return [RunCharts(f"{cfg.run.name} ({cfg.model.norm_type})"), HubUploads(cfg)]

@@ -1,0 +1,67 @@
+"""Compare runs across norm types and seeds: a table with intervals, and plots.
+
+    python scripts/compare.py runs/* [--baseline handrolled_layernorm] [--out comparison/] [--equivalence-margin 0.01]
+    python scripts/compare.py runs/* --vary optim.lr --baseline "handrolled_layernorm, optim.lr=0.0014"
+    python scripts/compare.py runs/* --allow-differ hardware.name     # seeds trained on two kinds of GPU
+    python -m gpt.commands.compare ...   /   gpt-compare ...
+
+Reads only run directories (config, metrics, summary with the fingerprints, and the
+evaluation result that evaluate.py wrote beside the chosen checkpoint). Runs must differ in
+the norm type and the seeds only: any other difference in their configs or fingerprints
+(precision as used, data contents, hardware, code, ...) is refused, naming each key, unless
+--vary or --allow-differ names it. Writes comparison.md, comparison.json, train_loss.png,
+val_loss.png, grad_norm.png and test_loss.png into --out, and prints the report.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from gpt.commands.cli import command, parser_for
+from gpt.config import PRECISIONS
+
+
+@command
+def main(argv: list[str] | None = None) -> int:
+    parser = parser_for(__doc__)
+    parser.add_argument("runs", nargs="+", type=Path, metavar="RUN")
+    parser.add_argument("--baseline", help="group to compare against (default: handrolled_layernorm; without it, "
+                                           "the first norm type in the write-up's order)")
+    parser.add_argument("--out", type=Path, default=Path("comparison"), help="output folder (default comparison/)")
+    parser.add_argument("--which", choices=("final", "best", "latest"), default="final",
+                        help="whose evaluation to use (as given to evaluate.py)")
+    parser.add_argument("--split", default="test", help="evaluated split (default test)")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                        help="evaluation precision (default fp32)")
+    parser.add_argument("--equivalence-margin", type=float, metavar="DELTA",
+                        help="also test whether each group is equivalent to the baseline within +-DELTA "
+                             "(two one-sided t tests on the paired differences)")
+    parser.add_argument("--tokens", type=int, metavar="N",
+                        help="the results evaluate.py kept over N tokens from --offset (as its --tokens gave them; "
+                             "default: over each run's configured test range)")
+    parser.add_argument("--offset", type=int, help="with --tokens: the first token (default: data.test_offset)")
+    parser.add_argument("--vary", action="append", default=[], metavar="KEY",
+                        help="a config or fingerprint key the runs may differ in, as an axis of the table: one "
+                             "group per norm type and value (repeatable)")
+    parser.add_argument("--allow-differ", action="append", default=[], metavar="KEY",
+                        help="a key the runs may differ in without forming groups; the report says so "
+                             "(repeatable; a prefix like data.train names every key under it)")
+    args = parser.parse_args(argv)
+    if args.offset is not None and args.tokens is None:
+        parser.error("--offset needs --tokens: a range kept by evaluate.py is named by its first and last token")
+
+    from gpt.analysis.table import compare
+    from gpt.analysis.report import markdown
+
+    result = compare(args.runs, args.out, args.baseline, which=args.which, split=args.split,
+                     precision=args.precision, equivalence_margin=args.equivalence_margin, vary=args.vary,
+                     allow_differ=args.allow_differ, tokens=args.tokens, offset=args.offset)
+    print(markdown(result), end="")
+    print(f"\nwrote {args.out / 'comparison.md'}, comparison.json and plots: "
+          + ", ".join(Path(p).name for p in result["plots"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Held-out test loss of training runs (or checkpoints), one table row per run.
+
+    python evaluate.py runs/* [--which final|best|latest] [--precision fp32|bf16|fp16]
+    torchrun --nproc_per_node=8 evaluate.py runs/*          # ranks take disjoint batches
+    python evaluate.py --hf gpt2 --data data/fineweb        # OpenAI's GPT-2 on the same tokens
+    python -m gpt.commands.evaluate ...   /   gpt-evaluate ...        # the same, from anywhere
+
+The range is the run config's data.test_split from data.test_offset, data.test_tokens
+long (null: to the end of the split); --data, --split, --offset and --tokens override it.
+The result is the token-weighted mean cross-entropy, bit-identical on any world size in
+fp32, written as eval-<split>-<precision>.json beside the checkpoint. The author's
+evaluator used fp16 autocast; the default here is fp32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from gpt.commands.cli import command, is_rank0, parser_for
+from gpt.config import PRECISIONS
+
+
+def positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return int(text)
+
+
+def parse_args(argv: list[str] | None):
+    parser = parser_for(__doc__, 2)
+    parser.add_argument("paths", nargs="*", metavar="RUN_OR_CHECKPOINT")
+    parser.add_argument("--which", choices=("final", "best", "latest"), default="final",
+                        help="which checkpoint of a run (default final: the end of a completed run)")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    parser.add_argument("--batch-size", type=positive_int,
+                        help="sequences per forward pass (default: train.micro_batch_size)")
+    parser.add_argument("--data", help="token set folder (default: the run's data.path / data.hub_repo)")
+    parser.add_argument("--split", help="split (default: the run's data.test_split)")
+    parser.add_argument("--offset", type=int, help="first token (default: the run's data.test_offset)")
+    parser.add_argument("--tokens", type=int, help="tokens in the range (default: data.test_tokens, or to the end)")
+    parser.add_argument("--hf", action="append", default=[], metavar="MODEL",
+                        help="also evaluate a transformers GPT-2 checkpoint (Hub name or folder); needs --data "
+                             "or a run to take the range from")
+    parser.add_argument("--json", help="also write all results to this file")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    if not args.paths and not args.hf:
+        parser.error("give at least one run, checkpoint or --hf MODEL")
+    return args
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"{'run':<36}{'norm_type':<28}{'step':>7}{'split':>12}{'tokens':>13}{'prec':>6}{'loss':>11}{'ppl':>10}")
+    for r in rows:
+        print(f"{r['run']:<36}{r['norm_type']:<28}{str(r['step']):>7}{r['split']:>12}{r['tokens']:>13,}"
+              f"{r['precision']:>6}{r['loss']:>11.6f}{r['perplexity']:>10.2f}")
+
+
+@command
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from gpt.run.distributed import setup
+    from gpt.evaluation.test_loss import EvalOptions, RangeOverride, evaluate_checkpoint, evaluate_hf
+    from gpt.run.directory import resolve_which
+
+    options = EvalOptions(args.precision, args.batch_size, show_progress=not args.quiet)
+    override = RangeOverride(args.data, args.split, args.offset, args.tokens)
+    ckpts = [resolve_which(p, args.which) for p in args.paths]  # every path checked before any work
+    dist = setup("auto")
+    try:
+        rows = [evaluate_checkpoint(c, dist, options, override) for c in ckpts]
+        for name in args.hf:
+            rows.append(evaluate_hf(name, dist, rows[0] if rows else None, options, override))
+    finally:
+        dist.close()
+    if is_rank0():
+        print_table(rows)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""Train a GPT from a YAML config.
+
+    python train.py CONFIG [--set KEY=VALUE ...] [--resume auto|PATH] [--overwrite] [--dry-run]
+    python train.py CONFIG --find-micro-batch              # the largest micro-batch this GPU holds
+    torchrun --nproc_per_node=8 train.py CONFIG ...          # DDP, one GPU per process
+    python -m gpt.commands.train CONFIG ...   /   gpt-train CONFIG ...  # the same, from anywhere
+
+Parse the arguments, resolve and validate the config (a mistake is one line on stderr
+and exit status 2, before anything heavy), then hand over to gpt.training.loop. Exit status:
+0 completed, 3 diverged, 4 interrupted (a checkpoint was written; rerun with --resume
+auto), 2 a user error.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from gpt.commands.cli import add_config_args, command, config_from_args, parser_for, standard_hooks
+from gpt.config import describe_fields, dump_config
+
+
+@command
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--help-config" in argv:
+        print(describe_fields())
+        return 0
+    parser = parser_for(__doc__, 2)
+    add_config_args(parser)
+    parser.add_argument("--resume", metavar="auto|PATH",
+                        help="auto: continue from the run's latest checkpoint if there is one, else start; "
+                             "PATH: a run directory or checkpoint folder to continue from")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start over in a run directory that holds a run (the old one is moved aside)")
+    parser.add_argument("--dry-run", action="store_true", help="build the model, report it and stop")
+    parser.add_argument("--find-micro-batch", action="store_true",
+                        help="find the largest micro-batch that fits in this GPU's memory (bisecting with real "
+                             "steps) and print the accumulation it implies; trains nothing")
+    parser.add_argument("--print-config", action="store_true", help="print the fully resolved config as YAML")
+    parser.add_argument("--help-config", action="store_true", help="list every config key with its default and doc")
+    args = parser.parse_args(argv)
+    cfg = config_from_args(args)
+    if args.print_config:
+        print(dump_config(cfg), end="")
+        return 0
+    if args.dry_run:
+        from gpt.model.gpt import GPT  # after validation: building the model is the heavy part
+        from gpt.model.inventory import model_summary
+
+        print(model_summary(cfg, GPT(cfg.model, seed=cfg.init_seed)))
+        return 0
+    if args.find_micro_batch:
+        from gpt.training.micro_batch import find_micro_batch
+        from gpt.run.distributed import setup
+
+        dist = setup(cfg.run.device)
+        try:
+            print(find_micro_batch(cfg, dist))
+        finally:
+            dist.close()
+        return 0
+    from gpt.run.directory import EXIT_CODES
+    from gpt.training.loop import train
+
+    summary = train(cfg, resume=args.resume, overwrite=args.overwrite, hooks=standard_hooks(cfg))
+    return EXIT_CODES[summary["status"]]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

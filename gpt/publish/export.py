@@ -1,0 +1,96 @@
+"""A checkpoint as a Hub repository's files: weights, config, tokenizer, model card, loss curve.
+
+An export folder holds ``model.safetensors``, a ``config.json``, the GPT-2 tokenizer files
+(``vocab.json``, ``merges.txt``, from the same offline BPE files as ``gpt.data.tokenizer``),
+the model card ``README.md`` and the loss curve, in one of the two layouts of
+``gpt.publish.layouts``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from safetensors.torch import save_file
+
+from gpt.config import Config
+from gpt.data.tokenizer import gpt2_files_dir
+from gpt.data.tokens import read_meta
+from gpt.publish.card import CardFacts, card_text
+from gpt.publish.layouts import Layout, export_weights, hub_config, read_weights, write_code
+from gpt.run.checkpoints import MODEL_FILE, checkpoint_config, read_info
+from gpt.run.directory import RunDir, comparisons_beside, read_eval_result
+
+EOT = "<|endoftext|>"
+
+
+def write_tokenizer(folder: Path, context_length: int) -> list[str]:
+    """GPT-2's tokenizer files, from the offline BPE files (encoder.json -> vocab.json, vocab.bpe -> merges.txt)."""
+    src = gpt2_files_dir()
+    shutil.copyfile(src / "encoder.json", folder / "vocab.json")
+    shutil.copyfile(src / "vocab.bpe", folder / "merges.txt")
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "GPT2Tokenizer", "model_max_length": context_length, "add_prefix_space": False,
+        "bos_token": EOT, "eos_token": EOT, "unk_token": EOT}, indent=2) + "\n")
+    (folder / "special_tokens_map.json").write_text(json.dumps({"bos_token": EOT, "eos_token": EOT,
+                                                                "unk_token": EOT}, indent=2) + "\n")
+    return ["vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json"]
+
+
+def card_facts(ckpt: Path, cfg: Config, repo_id: str, n_params: int, run: RunDir, summary: dict | None,
+               comparison: dict | None, layout: Layout) -> CardFacts:
+    """What the card says of ``ckpt``: its info, the run's summary and charts, its test loss."""
+    info = read_info(ckpt)
+    evaluation = next((e for p in ("fp32", "bf16", "fp16") if (e := read_eval_result(ckpt, "test", p))), None)
+    meta = read_meta(cfg.data.path) if cfg.data.path else None
+    source = (meta or {}).get("source")  # prepare_data's description: a Hub data set's repo, or a name
+    if isinstance(source, dict):
+        source = source.get("repo") or source.get("name")
+    return CardFacts(repo_id=repo_id, n_params=n_params, step=info.get("step"), tokens=info.get("tokens"),
+                     val_loss=info.get("val_loss"), summary=summary if summary is not None else run.summary(),
+                     evaluation=evaluation, comparison=comparison if comparison is not None else find_comparison(run),
+                     data_source=source if isinstance(source, str) else None, layout=layout,
+                     loss_png=run.loss_chart.is_file())
+
+
+def comparison_row(result: dict, run: RunDir) -> dict | None:
+    """The group of a comparison result (comparison.json) that holds ``run``, with the baseline's name."""
+    for group in result.get("groups", []):
+        if any(Path(r.get("path", "")).resolve() == run.path.resolve() for r in group.get("runs", [])):
+            return {**group, "baseline": result.get("baseline")}
+    return None
+
+
+def find_comparison(run: RunDir) -> dict | None:
+    """The run's group in a comparison.json beside it (what scripts/sweep.py writes), if any."""
+    for path in comparisons_beside(run):
+        try:
+            row = comparison_row(json.loads(path.read_text()), run)
+        except (OSError, ValueError):
+            continue
+        if row is not None:
+            return row
+    return None
+
+
+def export_checkpoint(ckpt: Path, folder: Path, repo_id: str, *, layout: Layout = Layout.REMOTE_CODE,
+                      run: RunDir | None = None, summary: dict | None = None,
+                      comparison: dict | None = None) -> list[str]:
+    """Write ``ckpt`` into ``folder`` as a Hub repo's files; returns their names."""
+    cfg = checkpoint_config(ckpt)
+    weights = export_weights(cfg, read_weights(ckpt), layout)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(weights, str(folder / MODEL_FILE), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(hub_config(cfg, layout), indent=2) + "\n")
+    files = [MODEL_FILE, "config.json", *write_tokenizer(folder, cfg.model.context_length)]
+    if layout is Layout.REMOTE_CODE:
+        files += write_code(folder)
+    n_params = sum(v.numel() for v in weights.values())  # as published: a tied head once, no padding
+    run = run or RunDir.of_checkpoint(ckpt)
+    facts = card_facts(ckpt, cfg, repo_id, n_params, run, summary, comparison, layout)
+    if facts.loss_png:
+        shutil.copyfile(run.loss_chart, folder / run.loss_chart.name)
+        files.append(run.loss_chart.name)
+    (folder / "README.md").write_text(card_text(cfg, facts))
+    return [*files, "README.md"]

@@ -1,0 +1,84 @@
+"""Requests to the Hugging Face Hub: bounded in time, retried, and failing in one line.
+
+Uploads go through ``huggingface_hub`` with the token from the environment (``HF_TOKEN``) or
+the Hub's own login; it is passed to nothing and written nowhere.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from gpt.common.errors import UserError, first_line
+
+
+class HubError(UserError):
+    """An export or upload that cannot be done."""
+
+
+class UploadError(HubError):
+    """An upload that failed after its retries; ``reason`` says why and what to do, without the repo."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+# Every request to the Hub gives up after these (connect, read, write, pool) seconds: the client's own default
+# is to wait forever, and a Hub that accepts connections and never answers would hold a run's end for good.
+HUB_TIMEOUT_S = (10.0, 60.0, 60.0, 10.0)
+
+
+def bounded_session():
+    """huggingface_hub's shared HTTP client, with ``HUB_TIMEOUT_S`` on every request it makes."""
+    from huggingface_hub import get_session
+
+    session = get_session()
+    if hasattr(session, "timeout"):  # httpx (huggingface_hub >= 1.0); requests' sessions take no default
+        session.timeout = HUB_TIMEOUT_S
+    return session
+
+
+def endpoint() -> str:
+    from huggingface_hub import constants
+
+    return constants.ENDPOINT
+
+
+def why_upload_failed(error: BaseException) -> str:
+    """The fix a failed upload calls for: the network and the endpoint when the Hub did not answer or could
+    not be reached, the token when it refused."""
+    status = getattr(getattr(error, "response", None), "status_code", None)
+    if status in (401, 403):
+        return "check the token (HF_TOKEN or `hf auth login`) and its write access"
+    network = ("Timeout", "ConnectError", "ConnectionError", "NetworkError", "RemoteProtocolError", "ReadError")
+    if any(name in type(e).__name__ for e in (error, error.__cause__, error.__context__) if e is not None
+           for name in network):
+        return f"the Hub at {endpoint()} did not answer; check the network, or HF_ENDPOINT"
+    return "check the repository name and the token's write access (HF_TOKEN or `hf auth login`)"
+
+
+def upload_folder(folder: Path, repo_id: str, *, private: bool = True, revision: str | None = None,
+                  message: str = "Upload model", attempts: int = 3, backoff: float = 1.0) -> str:
+    """Create the repo (and branch) if needed and upload ``folder`` in one commit; returns the commit id.
+    Errors are retried ``attempts`` times with doubling waits, then raised as one HubError line."""
+    from huggingface_hub import HfApi  # imported when used: training without a hub repo never needs it
+
+    bounded_session()
+    api = HfApi()
+    error = None
+    for attempt in range(attempts):
+        try:
+            api.create_repo(repo_id, private=private, exist_ok=True)
+            if revision not in (None, "main"):
+                api.create_branch(repo_id, branch=revision, exist_ok=True)
+            info = api.upload_folder(repo_id=repo_id, folder_path=str(folder), revision=revision,
+                                     commit_message=message)
+            return info.oid
+        except Exception as e:  # noqa: BLE001  any failure of the client or the network: retried, then one line
+            error = e
+            if attempt + 1 < attempts:
+                time.sleep(backoff * 2 ** attempt)
+    reason = f"{first_line(error)}; {why_upload_failed(error)}"
+    raise UploadError(f"upload to {repo_id}{'@' + revision if revision else ''} failed after {attempts} attempts: "
+                      f"{first_line(error)}; nothing local changed: {why_upload_failed(error)}, then run again", reason)

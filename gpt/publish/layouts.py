@@ -1,0 +1,140 @@
+"""The two ways a checkpoint is laid out on the Hub, and reading either one back.
+
+- ``Layout.REMOTE_CODE`` (every norm type): the harness's parameter names under the prefix
+  ``gpt.``, the thin transformers wrapper from ``hub_code/`` (``modeling_gpt_norm.py``,
+  ``configuration_gpt_norm.py``) and verbatim copies of the model's own files
+  (``gpt/model/gpt.py``, ``norms.py``, ``loss.py``): the published network is the trained one.
+  Loads with ``AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True)``.
+- ``Layout.NATIVE_GPT2`` (LayerNorm models only): the stock ``GPT2LMHeadModel`` layout, no code.
+
+Exports read tensors straight from the checkpoint's safetensors (no model is built), so an
+upload during training costs the training thread nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from gpt.common.errors import first_line
+from gpt.config import Config, config_from_dict, config_to_dict
+from gpt.data.tokenizer import EOT_TOKEN
+from gpt.model.gpt import GPT, VOCAB_ROWS
+from gpt.model.gpt2_weights import (HF_COMPATIBLE_NORMS, hf_config_kwargs, model_config_from_hf, state_dict_from_hf,
+                                    state_dict_to_hf)
+from gpt.publish.hub_api import HubError
+from gpt.run.checkpoints import MODEL_FILE
+
+
+class Layout(enum.Enum):
+    """How an export lays a checkpoint out (see the module's docstring)."""
+
+    REMOTE_CODE = "remote_code"
+    NATIVE_GPT2 = "native_gpt2"
+
+
+HUB_CODE = Path(__file__).parent / "hub_code"  # the transformers wrapper: config and model classes
+WRAPPER_FILES = ("configuration_gpt_norm.py", "modeling_gpt_norm.py")
+MODEL_DIR = Path(__file__).parents[1] / "model"
+MODEL_FILES = ("gpt.py", "norms.py", "loss.py")  # shipped verbatim: the wrapper imports the model itself
+REMOTE_PREFIX = "gpt."  # the wrapper holds the harness's GPT as ``self.gpt``
+
+
+def read_weights(ckpt: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(ckpt / MODEL_FILE))
+    except (SafetensorError, OSError) as e:
+        raise HubError(f"{ckpt / MODEL_FILE}: cannot read ({first_line(e)})") from None
+
+
+def export_weights(cfg: Config, sd: dict[str, torch.Tensor], layout: Layout) -> dict[str, torch.Tensor]:
+    """The tensors to publish in ``layout``: vocabulary padding dropped, a tied head left to the loader."""
+    m = cfg.model
+    if m.tie_weights:  # a checkpoint keeps one name of a shared tensor (safetensors' save_model)
+        shared = sd["wte.weight"] if "wte.weight" in sd else sd["lm_head.weight"]
+        sd = {**sd, "wte.weight": shared, "lm_head.weight": shared}
+    if layout is Layout.NATIVE_GPT2:
+        if m.norm_type not in HF_COMPATIBLE_NORMS:
+            raise HubError(f"--native-gpt2: GPT2LMHeadModel has LayerNorm only, and this model's norm is "
+                           f"{m.norm_type}; publish it with remote code (without --native-gpt2); native: "
+                           f"{', '.join(HF_COMPATIBLE_NORMS)}")
+        out = state_dict_to_hf(sd, m)
+        if m.tie_weights:
+            out.pop("lm_head.weight")  # the embedding itself: tied again on load
+    else:
+        out = {k: v[:m.vocab_size] if k in VOCAB_ROWS else v for k, v in sd.items()}
+        if m.tie_weights:
+            out.pop("lm_head.weight")
+        out = {REMOTE_PREFIX + k: v for k, v in out.items()}
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def special_tokens(vocab_size: int) -> dict:
+    """<|endoftext|> begins and ends generation, in a vocabulary that has it."""
+    eot = EOT_TOKEN if vocab_size > EOT_TOKEN else None
+    return {"bos_token_id": eot, "eos_token_id": eot}
+
+
+def remote_config(cfg: Config) -> dict:
+    """config.json of the remote-code layout; ``harness_config`` is the run's whole config."""
+    m = cfg.model
+    return {"architectures": ["GPTNormForCausalLM"], "model_type": "gpt_norm",
+            "auto_map": {"AutoConfig": "configuration_gpt_norm.GPTNormConfig",
+                         "AutoModelForCausalLM": "modeling_gpt_norm.GPTNormForCausalLM"},
+            "vocab_size": m.vocab_size, "n_positions": m.context_length, "n_embd": m.d_model, "n_layer": m.n_layers,
+            "n_head": m.n_heads, "norm_type": m.norm_type, "norm_eps": m.norm_eps,
+            "dyt_alpha_init": m.dyt_alpha_init, "qkv_bias": m.qkv_bias, "tie_word_embeddings": m.tie_weights,
+            **special_tokens(m.vocab_size), "use_cache": False, "dtype": "float32",
+            "harness_config": config_to_dict(cfg)}
+
+
+def hub_config(cfg: Config, layout: Layout) -> dict:
+    """config.json in ``layout``."""
+    return native_config(cfg) if layout is Layout.NATIVE_GPT2 else remote_config(cfg)
+
+
+def native_config(cfg: Config) -> dict:
+    """config.json of the stock GPT2LMHeadModel layout."""
+    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", **hf_config_kwargs(cfg.model),
+            "n_ctx": cfg.model.context_length, **special_tokens(cfg.model.vocab_size), "dtype": "float32",
+            "harness_config": config_to_dict(cfg)}
+
+
+def write_code(folder: Path) -> list[str]:
+    """The remote-code layout's Python files: the wrapper, and the model's own files as they are."""
+    for name in WRAPPER_FILES:
+        shutil.copyfile(HUB_CODE / name, folder / name)
+    for name in MODEL_FILES:
+        shutil.copyfile(MODEL_DIR / name, folder / name)
+    return [*WRAPPER_FILES, *MODEL_FILES]
+
+
+def load_published(folder: Path):
+    """Our GPT from an export folder (either layout), e.g. a Hub repo's snapshot."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise HubError(f"{folder / 'config.json'}: cannot read ({first_line(e)}); not a published model") from None
+    weights = read_weights(folder)
+    if config.get("model_type") == "gpt2":  # the stock layout (Q/K/V bias present, zero where we had none)
+        cfg = model_config_from_hf(SimpleNamespace(**config))
+        weights = state_dict_from_hf(weights, cfg)
+    elif "harness_config" in config:
+        cfg = config_from_dict(config["harness_config"], str(folder / "config.json")).model
+        cfg.vocab_pad_multiple = 1  # the export left the padding behind
+        weights = {k.removeprefix(REMOTE_PREFIX): v for k, v in weights.items()}
+        if cfg.tie_weights:
+            weights["lm_head.weight"] = weights["wte.weight"]
+    else:
+        raise HubError(f"{folder / 'config.json'}: neither this harness's model nor GPT-2 "
+                       f"(model_type {config.get('model_type')!r})")
+    model = GPT(cfg)
+    model.load_state_dict(weights)
+    return model.eval()

@@ -1,0 +1,311 @@
+"""Checkpoints: atomic writes, ``latest`` / ``best`` pointers, retention, checks, loading.
+
+A checkpoints folder (a run's ``checkpoints/``, see ``gpt.run.directory``) holds
+``step-00000617/`` folders, each with
+
+    model.safetensors   the weights (shared tensors stored once)
+    state.pt            optimizer, grad scaler, data reader, counters, every rank's RNG states
+    config.yaml         the resolved config of the run
+    checkpoint.json     step, tokens, losses, time: readable without torch
+
+A checkpoint is written into a hidden temporary folder and renamed into place; the
+pointer files ``checkpoints/latest`` and ``checkpoints/best`` (one line: a folder name)
+are replaced atomically afterwards, and old checkpoints are deleted only after that. A
+crash at any moment therefore leaves a complete checkpoint; ``tidy`` recovers the one
+case where it is not at its name (a kill between the two renames of a same-step
+replacement), and ``newest_loadable`` skips a damaged one, saying why. A write that
+fails (a full disk, a file-size limit, a read-only folder) removes its temporary folder
+and stops with the operating system's reason and the last good checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import shutil
+import struct
+import zipfile
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_model, save_model
+
+from gpt.config import RESUMABLE, Config, ConfigError, config_differences, load_config
+from gpt.common.errors import UserError, first_line, os_reason, shortened
+
+MODEL_FILE, STATE_FILE, CONFIG_FILE, INFO_FILE = "model.safetensors", "state.pt", "config.yaml", "checkpoint.json"
+# torch's own message for such a file advises the unsafe load: it is never repeated
+UNSAFE = "holds objects a safe (weights-only) load refuses, so this trainer did not write it; it is not loaded"
+POINTERS = ("latest", "best")
+STEP_NAME = re.compile(r"step-\d{8}")
+
+
+class CheckpointError(UserError):
+    """A checkpoint that is missing, damaged, or does not fit the config; or one that cannot be written."""
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_pointer(root: Path, pointer: str, target: str) -> None:
+    tmp = root / f".{pointer}.tmp-{os.getpid()}"
+    tmp.write_text(target + "\n")
+    _fsync(tmp)
+    os.replace(tmp, root / pointer)
+
+
+def read_pointer(root: Path, pointer: str) -> Path | None:
+    """The checkpoint folder a pointer file names (None: no pointer). A pointer is one folder name of
+    this checkpoints folder; anything else (binary, a path, another name) is a CheckpointError."""
+    path = Path(root) / pointer
+    if not path.is_file():
+        return None
+    try:
+        name = path.read_text().strip()
+    except (UnicodeDecodeError, OSError) as e:
+        raise CheckpointError(f"{path}: damaged pointer ({first_line(e)})") from None
+    if not STEP_NAME.fullmatch(name):
+        raise CheckpointError(f"{path}: damaged pointer ({name[:40]!r} is not a checkpoint name like step-00000617)")
+    return Path(root) / name
+
+
+def _pointed(root: Path) -> set[str]:
+    names = set()
+    for pointer in POINTERS:
+        try:
+            target = read_pointer(root, pointer)
+        except CheckpointError:
+            continue
+        if target is not None:
+            names.add(target.name)
+    return names
+
+
+def step_folders(root: Path) -> list[Path]:
+    """The checkpoint folders of a checkpoints folder, oldest first."""
+    root = Path(root)
+    return sorted(p for p in root.glob("step-*") if p.is_dir() and STEP_NAME.fullmatch(p.name)) if root.is_dir() else []
+
+
+def save_checkpoint(root: Path, step: int, model: torch.nn.Module, *, state: dict, config_yaml: str,
+                    info: dict, keep_last: int, is_best: bool) -> Path:
+    """Write checkpoint ``step`` into the checkpoints folder ``root`` atomically, move ``latest``
+    (and ``best``) to it, and prune old ones: the last ``keep_last`` and the pointed-to stay.
+
+    A write that fails removes its temporary folder and raises a CheckpointError naming the
+    operating system's reason and the last good checkpoint, which stays as it was."""
+    root = Path(root)
+    name = checkpoint_name(step)
+    tmp = root / f".tmp-{name}-{os.getpid()}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        save_model(model, str(tmp / MODEL_FILE))
+        with open(tmp / STATE_FILE, "wb") as f:  # a file object: torch then keeps the OS error as the cause
+            torch.save(state, f)
+        (tmp / CONFIG_FILE).write_text(config_yaml)
+        (tmp / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+        for f in tmp.iterdir():
+            _fsync(f)
+    except BaseException as e:  # a write error, or a stop at once: nothing half-written is left behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not isinstance(e, (OSError, RuntimeError, SafetensorError)):  # torch's and safetensors' write errors
+            raise
+        try:
+            last = read_pointer(root, "latest")
+        except CheckpointError:
+            last = None
+        kept = f"the last good checkpoint is {last.name}" if last else "no checkpoint was written yet"
+        raise CheckpointError(f"cannot write checkpoint {name} in {root}: {os_reason(e)}; {kept}; "
+                              "free space or fix the folder, then rerun with --resume auto") from None
+    final = root / name
+    if final.exists():  # the same step again (a resumed run passing it): swap, never a gap
+        aside = root / f".old-{name}-{os.getpid()}"
+        final.rename(aside)
+        tmp.rename(final)
+        shutil.rmtree(aside)
+    else:
+        tmp.rename(final)
+    _fsync(root)
+    _write_pointer(root, "latest", name)
+    if is_best:
+        _write_pointer(root, "best", name)
+    _prune(root, keep_last)
+    return final
+
+
+def _prune(root: Path, keep_last: int) -> None:
+    keep = _pointed(root)
+    steps = [p.name for p in step_folders(root)]
+    keep |= set(steps[-keep_last:])
+    for name in steps:
+        if name not in keep:
+            shutil.rmtree(root / name, ignore_errors=True)
+
+
+def tidy(root: Path) -> list[str]:
+    """Clean up after a killed writer; returns what was done, one line each.
+
+    Temporary folders (never pointed to) are removed. A complete ``.old-<step>-<pid>`` whose
+    ``<step>`` is missing, left by a kill between the two renames of a same-step
+    replacement, is renamed back; one whose step exists is removed."""
+    root, done = Path(root), []
+    if not root.is_dir():
+        return done
+    for p in sorted(root.glob(".tmp-*")):
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    for p in sorted(root.glob(".old-step-*")):
+        name = p.name.removeprefix(".old-").rsplit("-", 1)[0]
+        if STEP_NAME.fullmatch(name) and not (root / name).exists() and problem(p) is None:
+            p.rename(root / name)
+            done.append(f"recovered {name} from {p.name}, left by a writer killed while replacing it")
+        else:
+            shutil.rmtree(p, ignore_errors=True)
+    return done
+
+
+def problem(ckpt: Path) -> str | None:
+    """What makes checkpoint folder ``ckpt`` unloadable, or None. Reads the whole state file (its
+    zip checksums) and the weights file's layout, not the tensors."""
+    ckpt = Path(ckpt)
+    if not ckpt.is_dir():
+        return "missing"
+    for name in (MODEL_FILE, STATE_FILE, CONFIG_FILE):
+        if not (ckpt / name).is_file():
+            return f"no {name}"
+    damaged = _safetensors_problem(ckpt / MODEL_FILE)
+    if damaged:
+        return f"{MODEL_FILE} {damaged}"
+    try:
+        with zipfile.ZipFile(ckpt / STATE_FILE) as z:
+            bad = z.testzip()
+        if bad is not None:
+            return f"{STATE_FILE} is damaged (bad checksum in {bad})"
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+        return f"{STATE_FILE} is damaged ({first_line(e)})"
+    try:  # the pickle parsed as load_state will (tensors memory-mapped, not read): one a safe load refuses
+        torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError:
+        return f"{STATE_FILE} {UNSAFE}"
+    except (RuntimeError, OSError, ValueError, EOFError) as e:
+        return f"{STATE_FILE} is damaged ({first_line(e)})"
+    try:
+        checkpoint_config(ckpt)
+    except CheckpointError as e:
+        return str(e).removeprefix(f"{ckpt}: ")
+    return None
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return f"is truncated ({size} bytes)"
+        (header_len,) = struct.unpack("<Q", head)
+        try:
+            header = json.loads(f.read(header_len))
+            end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, UnicodeDecodeError, KeyError, TypeError, OverflowError, MemoryError):
+            return "is not a safetensors file (damaged header)"
+    expected = 8 + header_len + end
+    return None if size == expected else f"is truncated ({size:,} of {expected:,} bytes)"
+
+
+def newest_loadable(root: Path, report: Callable[[str], None]) -> Path | None:
+    """The checkpoint ``latest`` names if it loads, else the newest one that does; every one passed
+    over is reported with the reason. None: there is none to resume from."""
+    candidates = []
+    try:
+        latest = read_pointer(root, "latest")
+    except CheckpointError as e:
+        report(f"{e}; ignored")
+        latest = None
+    if latest is not None:
+        candidates.append(latest)
+    candidates += [p for p in reversed(step_folders(root)) if p != latest]
+    for ckpt in candidates:
+        why = problem(ckpt)
+        if why is None:
+            return ckpt
+        report(f"skipped checkpoint {ckpt.name}: {why}")
+    return None
+
+
+def is_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is a checkpoint folder itself (it holds the weights)."""
+    return (Path(path) / MODEL_FILE).is_file()
+
+
+def read_info(ckpt: Path) -> dict:
+    """The checkpoint's ``checkpoint.json`` (step, tokens, losses, time), or {} if it has none or it is damaged."""
+    try:
+        info = json.loads((ckpt / INFO_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def checkpoint_config(ckpt: Path) -> Config:
+    path = ckpt / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{ckpt}: no {CONFIG_FILE}; cannot tell what model it holds")
+    try:
+        return load_config(path)
+    except ConfigError as e:
+        raise CheckpointError(f"{ckpt}: its config no longer loads: {e}") from None
+
+
+def check_same_experiment(saved: Config, wanted: Config, source: Path) -> None:
+    """Refuse to continue ``saved`` (a checkpoint's or a run's config) under ``wanted`` if they differ
+    anywhere outside ``RESUMABLE``, naming each differing key with both values."""
+    diffs = [(k, old, new) for k, old, new in config_differences(saved, wanted) if not k.startswith(RESUMABLE)]
+    if not diffs:
+        return
+    listed = "; ".join(f"{k}: checkpoint {old!r}, config {new!r}" for k, old, new in diffs)
+    if any(k.startswith("model.") for k, _, _ in diffs):
+        raise CheckpointError(f"{source} holds a different model; {listed}")
+    allowed = ", ".join(p + "*" if p.endswith(".") else p for p in RESUMABLE)
+    raise CheckpointError(f"{source} was trained with a different config; {listed}; a resumed run may change "
+                          f"only {allowed}: resume with the checkpoint's values, or start a new run")
+
+
+def load_weights(model: torch.nn.Module, ckpt: Path) -> None:
+    path = ckpt / MODEL_FILE
+    try:
+        missing, unexpected = load_model(model, str(path), strict=False)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing (pruned by a running trainer, or deleted); choose another "
+                              "checkpoint") from None
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:  # a damaged file
+        raise CheckpointError(f"{path}: cannot load ({first_line(e)}); the file is damaged") from None
+    if missing or unexpected:
+        raise CheckpointError(f"{ckpt}: weights do not fit the model ({len(missing)} missing: {shortened(missing)}; "
+                              f"{len(unexpected)} unexpected: {shortened(unexpected)}); it holds another model: "
+                              "use the config it was trained with")
+
+
+def load_state(ckpt: Path) -> dict:
+    path = ckpt / STATE_FILE
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing; choose another checkpoint") from None
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"{path}: {UNSAFE}; choose another checkpoint") from None
+    except (RuntimeError, OSError, ValueError, EOFError) as e:  # damaged or foreign
+        raise CheckpointError(f"{path}: cannot load ({first_line(e)}); the file is damaged") from None

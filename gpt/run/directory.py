@@ -1,0 +1,396 @@
+"""A run directory: the one module that knows its files, its lock, and a run's status.
+
+    runs/<name>/
+        config.yaml       the resolved config, written when the run starts
+        metrics.jsonl     one JSON record per logged step (rank 0)
+        summary.json      "running" while a trainer works on it; at the end: status, stop reason, speed, ...
+        loss.png lr.png grad_norm.png      charts of metrics.jsonl (gpt.analysis.charts)
+        wandb_id.txt      the W&B run id, so that a resumed run continues it
+        .lock             held (flock) by the one trainer working on the run; holds its PID
+        hub.json          with hub.push_every_checkpoint: what was uploaded to the Hub (gpt.publish.uploads)
+        .hub-staging/     checkpoints waiting for their upload (hard links), removed at the end
+        checkpoints/      step-NNNNNNNN/ folders and the latest / best pointers (gpt.run.checkpoints)
+            step-NNNNNNNN/eval-<split>-<precision>.json    a loss of that checkpoint (gpt.evaluation.test_loss)
+
+Training, evaluation, comparison and the sweep reach these files only through here.
+A run's status is its ``summary.json``'s: ``running``, then ``completed``, ``diverged``
+or ``interrupted``; with no summary it is ``unfinished``. A ``running`` run whose lock
+nobody holds was killed: the next ``--resume auto`` continues it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from gpt.run.checkpoints import (MODEL_FILE, CheckpointError, is_checkpoint, newest_loadable, problem, read_pointer,
+                            step_folders)
+from gpt.common.errors import UserError, first_line, os_reason
+
+COMPLETED, DIVERGED, INTERRUPTED, RUNNING = "completed", "diverged", "interrupted", "running"
+UNFINISHED = "unfinished"  # no summary.json: killed before its first summary, or never started
+FINISHED = (COMPLETED, DIVERGED)  # results: a sweep does not run them again
+EXIT_CODES = {COMPLETED: 0, DIVERGED: 3, INTERRUPTED: 4}  # train.py's exit status for each (2: a user error)
+EVAL_PREFIX = "eval-"
+CHECKPOINTS_DIR = "checkpoints"
+CHARTS = {"loss": "loss.png", "lr": "lr.png", "grad_norm": "grad_norm.png"}  # a run's charts, by what they show
+COMPARISON_FILE = "comparison.json"  # compare's result, in a folder beside the runs it compares (the sweep's)
+
+
+class RunBusyError(UserError):
+    """Another trainer holds the run directory."""
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """``path`` holds ``text`` whole, or stays as it was: a stop at any moment never leaves half a file."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_json(path: Path, what: str) -> dict:
+    """A JSON object from ``path``; one line naming the file if it is not one (a damaged or hand-edited file)."""
+    try:
+        data = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: damaged {what} (not valid JSON: {first_line(e)}); delete it or restore it") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: damaged {what} (a JSON {type(data).__name__}, not an object); delete or restore it")
+    return data
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The run directory at ``path`` (which may not exist yet)."""
+
+    path: Path
+
+    @classmethod
+    def of_checkpoint(cls, ckpt: Path) -> RunDir:
+        """The run a checkpoint folder belongs to (for a loose checkpoint: its parent folder)."""
+        return cls(ckpt.parent.parent if ckpt.parent.name == CHECKPOINTS_DIR else ckpt.parent)
+
+    # ------------------------------------------------------------------ files
+
+    @property
+    def config_file(self) -> Path:
+        return self.path / "config.yaml"
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def summary_file(self) -> Path:
+        return self.path / "summary.json"
+
+    @property
+    def wandb_id_file(self) -> Path:
+        return self.path / "wandb_id.txt"
+
+    @property
+    def charts(self) -> dict[str, Path]:
+        """The run's charts (``gpt.analysis.charts.plot_run`` draws them), by what they show."""
+        return {what: self.path / name for what, name in CHARTS.items()}
+
+    @property
+    def loss_chart(self) -> Path:
+        return self.charts["loss"]
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINTS_DIR
+
+    @property
+    def lock_file(self) -> Path:
+        return self.path / ".lock"
+
+    @property
+    def hub_file(self) -> Path:
+        return self.path / "hub.json"
+
+    @property
+    def hub_staging(self) -> Path:
+        return self.path / ".hub-staging"
+
+    def hub_record(self) -> dict:
+        """What was uploaded to the Hub during training (``hub.json``): branch -> commit, branch -> failure."""
+        record = read_json(self.hub_file, "Hub upload record") if self.hub_file.is_file() else {}
+        return {"uploaded": {}, "failed": {}, **record}
+
+    def write_hub_record(self, record: dict) -> None:
+        try:
+            write_atomically(self.hub_file, json.dumps(record, indent=2) + "\n")
+        except OSError as e:  # a full disk: the record is the summary's to report, never a reason to stop
+            print(f"warning: cannot write {self.hub_file}: {os_reason(e)}", file=sys.stderr)
+
+    def looks_like_run(self) -> bool:
+        """Whether training ever started here (a config or a checkpoints folder)."""
+        return self.config_file.is_file() or self.checkpoints.is_dir()
+
+    # ---------------------------------------------------------------- reading
+
+    def summary(self) -> dict | None:
+        return read_json(self.summary_file, "summary") if self.summary_file.is_file() else None
+
+    def status(self) -> str:
+        summary = self.summary()
+        return summary.get("status", UNFINISHED) if summary else UNFINISHED
+
+    def read_config(self) -> dict:
+        """The resolved config as the plain mapping it was written as."""
+        try:
+            data = yaml.safe_load(self.config_file.read_text())
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
+            raise UserError(f"{self.config_file}: damaged config ({first_line(e)}); restore it from a "
+                            f"checkpoint's {self.config_file.name}") from None
+        if not isinstance(data, dict):
+            raise UserError(f"{self.config_file}: damaged config (not a mapping of sections); restore it from a "
+                            f"checkpoint's {self.config_file.name}")
+        return data
+
+    def metrics(self, dropped: list[int] | None = None) -> list[dict]:
+        """The metric records; lines that do not parse (a torn last line after a kill or a full disk)
+        are left out, and their numbers (1-based) added to ``dropped``."""
+        if not self.metrics_file.is_file():
+            return []
+        records = []
+        for number, line in enumerate(self.metrics_file.read_text(errors="replace").splitlines(), 1):
+            try:
+                record = json.loads(line) if line.strip() else None
+            except ValueError:
+                record = "torn"
+            if isinstance(record, dict) and isinstance(record.get("step"), int):
+                records.append(record)
+            elif record is not None and dropped is not None:
+                dropped.append(number)
+        return records
+
+    def checkpoint(self, which: str) -> Path:
+        """Checkpoint ``which``: ``best``, ``latest``, or ``final`` (the latest of a completed run)."""
+        if which == "final":
+            status = self.status()
+            if status != COMPLETED:
+                raise UserError(f"{self.path}: the run has no final checkpoint (status: {status}); "
+                                "use --which latest or --which best")
+            which = "latest"
+        return find_checkpoint(self.path, which)
+
+    def holds_run(self) -> bool:
+        """Whether a run has trained here: it logged metrics or wrote a checkpoint."""
+        return (self.metrics_file.is_file() or bool(step_folders(self.checkpoints))
+                or (self.checkpoints / "latest").is_file())
+
+    def owns(self, ckpt: Path | None) -> bool:
+        """Whether ``ckpt`` is one of this run's own checkpoints."""
+        return ckpt is not None and self.path.resolve() in Path(ckpt).resolve().parents
+
+    # ---------------------------------------------------------------- writing
+
+    def lock(self) -> RunLock:
+        """Take the run's exclusive lock, or raise RunBusyError naming the trainer that holds it; a folder
+        this process cannot write is a UserError naming it and the reason, before anything is built."""
+        return RunLock(self.lock_file, self.path)
+
+    def claim(self, resume: str | None, overwrite: bool, report: Callable[[str], None]) -> Path | None:
+        """The checkpoint to resume from (or None), after refusing anything that would lose a run.
+
+        ``resume``: ``auto`` (this run's newest checkpoint that loads, reporting any skipped),
+        a path to a run or checkpoint (refused if damaged), or None (a fresh start, refused over
+        an existing run unless ``overwrite``).
+        """
+        if resume == "auto":
+            return newest_loadable(self.checkpoints, report)
+        source = find_checkpoint(resume) if resume is not None else None
+        damage = problem(source) if source is not None else None
+        if damage is not None:
+            raise CheckpointError(f"{source}: cannot resume from it: {damage}; choose another checkpoint "
+                                  "(--resume auto takes the newest one that loads)")
+        if self.owns(source):
+            return source  # an earlier checkpoint of this very run
+        if self.holds_run() and not overwrite:
+            steps = step_folders(self.checkpoints)
+            what = f"checkpoints up to {steps[-1].name}" if steps else "metrics of an earlier run"
+            raise UserError(f"{self.path} already holds a run ({what}); pass --resume auto to continue it, "
+                            f"--overwrite to start over (the old run is moved aside), or set run.name / run.dir")
+        return source
+
+    def move_aside(self) -> Path:
+        """Rename the run (for --overwrite: an earlier run is never deleted); returns its new place."""
+        aside = self.path.with_name(f"{self.path.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+        try:
+            self.path.rename(aside)
+        except OSError as e:
+            raise UserError(f"cannot move the earlier run {self.path} aside: {os_reason(e)}") from None
+        return aside
+
+    def start(self, config_yaml: str, step: int, keep_config: bool) -> list[str]:
+        """Set the folder up for a run continuing after ``step`` (rank 0 only); returns what it did
+        worth saying. ``keep_config``: the run continues, and its config.yaml, if it has one, stays
+        as the run began."""
+        notes = []
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            if not (keep_config and self.config_file.is_file()):
+                self.config_file.write_text(config_yaml)
+            dropped: list[int] = []
+            self.truncate_metrics(step, dropped)  # steps past the checkpoint are logged again
+            if dropped:
+                notes.append(f"{self.metrics_file}: dropped unparsable line(s) {', '.join(map(str, dropped))} "
+                             "(a kill or a full disk cut them short)")
+        except OSError as e:
+            raise UserError(f"cannot set up the run directory {self.path}: {os_reason(e)}; make it writable "
+                            "(or free space) and rerun") from None
+        return notes
+
+    def truncate_metrics(self, after_step: int, dropped: list[int] | None = None) -> None:
+        """Drop records past ``after_step`` (a resumed run logs those steps again), and lines that do not
+        parse, atomically."""
+        if not self.metrics_file.is_file():
+            return
+        kept = [r for r in self.metrics(dropped) if r["step"] <= after_step]
+        write_atomically(self.metrics_file, "".join(json.dumps(r) + "\n" for r in kept))
+
+    def write_summary(self, summary: dict) -> None:
+        write_atomically(self.summary_file, json.dumps(summary, indent=2) + "\n")
+
+
+class RunLock:
+    """An exclusive lock (flock) on a run directory, held while one trainer works on it.
+
+    The kernel releases it when the process ends, however it ends, so a kill -9 never
+    leaves a stale lock. The lock file holds the holder's PID and host for the message a
+    second trainer gets.
+    """
+
+    def __init__(self, path: Path, run_path: Path):
+        self.path = path
+        probe = path.parent / f".write-probe-{os.getpid()}"
+        try:  # a folder that takes no new file (read-only, immutable) may still open an existing lock file
+            path.parent.mkdir(parents=True, exist_ok=True)
+            probe.touch()
+            probe.unlink()
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:  # read-only, no permission, a file in the way: before anything is built
+            raise UserError(f"cannot write the run directory {run_path}: {os_reason(e)}; make it writable, or "
+                            "set run.dir (or run.name) to a folder this user can write") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise RunBusyError(f"{run_path} is in use by another trainer (PID {holder}); wait for it to end or "
+                               "stop it, or choose another run.name") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        try:  # a folder made only to hold the lock (the run stopped before it began) leaves no trace
+            if [p.name for p in self.path.parent.iterdir()] == [self.path.name]:
+                self.path.unlink()
+                self.path.parent.rmdir()
+        except OSError:
+            pass
+        os.close(self.fd)  # closing the descriptor releases the flock
+        self.fd = None
+
+
+def _read_holder(fd: int, patience: float = 2.0) -> str:
+    """The lock holder's "PID on host". The holder writes it just after taking the lock, so a
+    second trainer that arrives in between waits for it briefly rather than report "unknown"."""
+    deadline = time.monotonic() + patience
+    while True:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
+        if holder or time.monotonic() > deadline:
+            return holder or "unknown"
+        time.sleep(0.01)
+
+
+def find_checkpoint(path: str | Path, which: str = "latest") -> Path:
+    """A checkpoint folder from a run directory, its checkpoints folder, or the folder itself."""
+    path = Path(path)
+    if is_checkpoint(path):
+        return path
+    for root in (RunDir(path).checkpoints, path):
+        target = read_pointer(root, which)
+        if target is not None:
+            if not is_checkpoint(target):
+                there = ", ".join(p.name for p in step_folders(root)) or "none"
+                raise CheckpointError(f"{root / which} names {target.name}, which is missing or incomplete; "
+                                      f"give a checkpoint folder instead (checkpoints there: {there})")
+            return target
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such run or checkpoint")
+    raise CheckpointError(f"{path}: not a run directory or checkpoint (no {CHECKPOINTS_DIR}/{which}, no {MODEL_FILE})")
+
+
+def resolve_which(run_or_ckpt: str | Path, which: str) -> Path:
+    """The checkpoint ``which`` (best | latest | final) of a run, or the checkpoint itself."""
+    path = Path(run_or_ckpt)
+    if is_checkpoint(path):
+        return path
+    run = RunDir(path)
+    if not run.looks_like_run():
+        raise UserError(f"{path}: not a run directory or checkpoint (no {run.config_file.name}, "
+                        f"no {run.checkpoints.name}/, no {MODEL_FILE})")
+    return run.checkpoint(which)
+
+
+# ------------------------------------------------------------ evaluation results
+
+def eval_result_file(ckpt: Path, split: str, precision: str, span: tuple[int, int] | None = None) -> Path:
+    """Where the loss of checkpoint ``ckpt`` on ``split`` in ``precision`` is kept: over the run's configured
+    test range (``span`` None), ``eval-<split>-<precision>.json``; over tokens [start, end) of the split given
+    instead (evaluate.py's --offset / --tokens / --split / --data), ``eval-<split>-<start>-<end>-<precision>.json``.
+    Results over different ranges live side by side; a repeat over one range replaces its own."""
+    where = "" if span is None else f"-{span[0]}-{span[1]}"
+    return Path(ckpt) / f"{EVAL_PREFIX}{split}{where}-{precision}.json"
+
+
+def eval_result_files(ckpt: Path) -> list[Path]:
+    """Every evaluation result kept beside checkpoint ``ckpt``."""
+    return sorted(Path(ckpt).glob(f"{EVAL_PREFIX}*.json"))
+
+
+def comparisons_beside(run: RunDir) -> list[Path]:
+    """The comparison results in the folders beside ``run`` (a sweep writes one next to its runs)."""
+    return sorted(run.path.parent.glob(f"*/{COMPARISON_FILE}"))
+
+
+def read_eval_result(ckpt: Path, split: str, precision: str, span: tuple[int, int] | None = None) -> dict | None:
+    path = eval_result_file(ckpt, split, precision, span)
+    return read_json(path, "evaluation result") if path.is_file() else None
+
+
+def write_eval_result(ckpt: Path, result: dict) -> bool:
+    """Keep ``result`` (a dict with its ``split``, ``precision``, ``range`` and whether that is the run's
+    configured test range) beside the checkpoint; False, with a line on stderr, if it cannot be kept (a
+    checkpoint a running trainer pruned, a read-only run)."""
+    span = None if result.get("configured_range", True) else tuple(result["range"])
+    path = eval_result_file(ckpt, result["split"], result["precision"], span)
+    try:  # opening a file in a folder that is gone fails: a pruned checkpoint is never recreated
+        path.write_text(json.dumps(result, indent=2) + "\n")
+    except FileNotFoundError:
+        print(f"warning: {ckpt} was removed while it was evaluated (pruned by its running trainer); the result "
+              f"is printed but not kept: evaluate a checkpoint that stays, e.g. --which best", file=sys.stderr)
+        return False
+    except OSError as e:  # a read-only run: the numbers are still worth having
+        print(f"warning: cannot keep the result in {path}: {os_reason(e)}; it is printed, and --json FILE "
+              "writes it where you choose", file=sys.stderr)
+        return False
+    return True

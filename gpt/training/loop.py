@@ -1,0 +1,572 @@
+"""The training run: one process or DDP under torchrun, resumable to the bit.
+
+Follow a batch: ``TrainBatches.next_step()`` reads this rank's micro-batches of the
+global step from the token file; ``Trainer.train_step`` runs each forward under
+autocast and backward (``no_sync`` until the last, so DDP all-reduces gradients once
+per step), measures the pre-clip gradient norm and lets fused AdamW apply the update
+unless the norm is not finite (``step_unless_nonfinite``: skipped and counted on the
+device, without waiting for it). Every ``log_every`` steps, and only then, the loop
+reads numbers back from the device: losses, the norm, divergence counters. Validation,
+checkpoints and the stop-signal check follow.
+
+A ``Trainer`` is used in three stages: ``preflight`` checks everything a user can get
+wrong before anything heavy is built, ``build`` makes the model, optimizer, grad scaler
+and reader (and loads the checkpoint it resumes from), ``train`` runs the loop and
+returns the summary. ``state_dict`` / ``load_state_dict`` are the one place that says
+what a checkpoint carries besides the weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+from gpt.run.checkpoints import (CheckpointError, check_same_experiment, checkpoint_config, load_state, load_weights,
+                            read_info, save_checkpoint, tidy)
+from gpt.config import Config, dump_config, load_config
+from gpt.data.tokens import DataError, TokenRange, TrainBatches, check_vocabulary, open_split, resolve_data_dir, tokenizer_name
+from gpt.run.distributed import Dist, device_name, peak_memory_bytes, setup
+from gpt.common.errors import UserError, os_reason
+from gpt.run.fastpath import apply_tf32, resolve
+from gpt.run.fingerprint import check_resume, take
+from gpt.model.loss import autocast_for
+from gpt.training.metrics import Metrics
+from gpt.model.gpt import GPT
+from gpt.training.hooks import RunHooks
+from gpt.training.monitors import Divergence, LossWindow, StopFlag, StopNow, Throughput
+from gpt.training.optimizer import make_optimizer, set_lr, step_unless_nonfinite
+from gpt.run.random_state import rng_state, set_rng_state
+from gpt.run.directory import COMPLETED, DIVERGED, INTERRUPTED, RUNNING, RunDir
+from gpt.training.schedule import lr_at, warmup_steps
+from gpt.evaluation.token_loss import evaluate_loss
+
+
+@dataclass
+class Progress:
+    """What a checkpoint must carry besides weights, optimizer and reader to continue exactly."""
+
+    step: int = 0  # optimizer steps done
+    tokens: int = 0  # training tokens consumed
+    elapsed: float = 0.0  # wall seconds of training before this process started
+    best_val: float = math.inf  # lowest validation loss so far
+    best_step: int | None = None  # the step that measured it (None: no validation yet)
+    nonfinite_total: int = 0  # skipped (non-finite) steps, as counted at the last log step
+    nonfinite_run: int = 0  # of those, consecutive up to the last log step
+    last_val: float | None = None  # the latest validation loss
+    total_steps: int | None = None  # the run's planned length: a resume must keep it
+    window: list[float] | None = None  # the train-loss window since the last log, summed over ranks (LossWindow)
+
+    @property
+    def best_val_loss(self) -> float | None:
+        return self.best_val if self.best_step is not None else None
+
+
+def train(cfg: Config, resume: str | None = None, overwrite: bool = False, dist: Dist | None = None,
+          hooks: list[RunHooks] = ()) -> dict:
+    """Run (or continue) the training run ``cfg`` describes; returns its summary.
+
+    ``resume``: ``auto`` or a run / checkpoint path (see ``RunDir.claim``); ``overwrite``
+    moves an existing run aside. ``dist``: an already set-up process group (default: join
+    torchrun's, if any, and leave it at the end). ``hooks``: what rank 0 tells of the run's
+    progress (charts, Hub uploads: ``gpt.commands.cli.standard_hooks``); none by default.
+    """
+    own_group = dist is None  # joined here: left here
+    dist = dist or setup(cfg.run.device)
+    trainer = Trainer(cfg, dist, hooks)
+    try:
+        trainer.preflight(resume, overwrite)
+        trainer.build()
+        return trainer.train()
+    except StopNow as e:  # a third stop signal: say so in the summary, keep every checkpoint as it is
+        trainer.stopped_at_once(str(e))
+        raise
+    finally:
+        trainer.release()
+        if own_group:
+            dist.close()
+
+
+class RepeatedBatches:
+    """A training reader's stand-in that hands back the same micro-batches (x, y) at every step: what
+    ``Trainer.ready_to_step`` times with no reading in the steps, or probes memory with."""
+
+    def __init__(self, batches: list[tuple[torch.Tensor, torch.Tensor]]):
+        self.batches, self.accum = list(batches), len(batches)
+
+    def next_step(self):
+        return self.batches
+
+    def check_capacity(self, steps: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class Trainer:
+    """One training run on this rank: ``preflight``, ``build``, then ``train``. Outside a run (the
+    benchmark, the memory probe): ``ready_to_step``, then ``train_step`` as often as wanted.
+
+    Every attribute is declared here; those that a stage sets are None until it has run."""
+
+    def __init__(self, cfg: Config, dist: Dist, hooks: list[RunHooks] = ()):
+        self.cfg, self.dist = cfg, dist
+        self.hooks = list(hooks) if dist.is_main else []  # rank 0 tells; the other ranks only train
+        self.run = RunDir(cfg.run_dir)
+        self.config_yaml = dump_config(cfg)  # written beside the run and into every checkpoint
+        self.fast = resolve(cfg.train, dist.device)  # precision, compile, TF32, prefetch as they apply here
+        self.first_step_seconds: float | None = None  # this process's first step: compiling, warming up
+        self.progress = Progress()
+        self.last_train_loss: float | None = None
+        self.diverged_at: int | None = None  # the step a divergence was first seen at (check_divergence)
+        # preflight
+        self.lock = None  # rank 0's hold on the run directory, from preflight to the end
+        self.resume_from: Path | None = None  # the checkpoint to continue from
+        self.move_aside = False  # --overwrite of a run this one does not continue: move the old one aside
+        self.continues = False  # a run continues in the folder (from a checkpoint, or killed before one)
+        self.val: TokenRange | None = None  # the validation range (open_data)
+        self.reader: TrainBatches | RepeatedBatches | None = None  # this rank's training batches (open_reader)
+        self.segments: list[dict] = []  # the fingerprint of every segment of the run, this one last
+        # build
+        self.model: GPT | None = None
+        self.n_params: int | None = None  # parameters, a tied weight once, vocabulary padding not at all
+        self.total_steps: int | None = None  # the run's planned optimizer steps
+        self.warmup: int | None = None  # of those, warmup steps
+        self.params: list[torch.nn.Parameter] = []  # the model's parameters, for the gradient norm
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scaler: torch.amp.GradScaler | None = None  # enabled for fp16 only
+        # prepare_step
+        self.net: torch.nn.Module | None = None  # the model as stepped: DDP- and compile-wrapped as configured
+        self.autocast = None  # a context-manager factory for the forward passes (autocast_for)
+        # start (the sinks and monitors of the loop)
+        self.metrics: Metrics | None = None  # rank 0: metrics.jsonl and wandb
+        self.window: LossWindow | None = None  # the train losses since the last log
+        self.divergence: Divergence | None = None  # non-finite steps and the loss ceiling, counted on the device
+        self.bar = None  # the progress bar (tqdm)
+        self.throughput: Throughput | None = None  # tokens/s, steady and since the last log
+        self.last_checkpoint: Path | None = None  # rank 0: the newest checkpoint written
+
+    # ------------------------------------------------------------ before the loop
+
+    def preflight(self, resume: str | None, overwrite: bool) -> None:
+        """Everything a user can get wrong, checked before any model is built."""
+        cfg, dist, t = self.cfg, self.dist, self.cfg.train
+        if t.global_batch_size % (t.micro_batch_size * dist.world_size):
+            raise UserError(f"train.global_batch_size {t.global_batch_size} is not a multiple of "
+                            f"train.micro_batch_size {t.micro_batch_size} x {dist.world_size} processes; "
+                            f"choose a global batch divisible by {t.micro_batch_size * dist.world_size}")
+        self.resume_from, self.move_aside, self.continues = dist.on_main(lambda: self.claim(resume, overwrite))
+        data_dir = dist.on_main(lambda: resolve_data_dir(cfg.data.path, cfg.data.hub_repo, cfg.data.hub_revision))
+        self.open_data(data_dir)
+        self.segments = dist.on_main(lambda: self.fingerprint(data_dir))
+
+    def claim(self, resume: str | None, overwrite: bool) -> tuple[Path | None, bool, bool]:
+        """Rank 0: lock the run directory, tidy it, choose the checkpoint to resume from and check that it
+        is the same experiment. Returns (checkpoint, move the old run aside?, does a run continue?)."""
+        self.lock = self.run.lock()
+        for note in tidy(self.run.checkpoints):
+            print(note, file=sys.stderr)
+        resume_from = self.run.claim(resume, overwrite, report=lambda note: print(note, file=sys.stderr))
+        move_aside = overwrite and not self.run.owns(resume_from)
+        continues = resume_from is not None or (self.run.holds_run() and not move_aside)
+        if resume_from is not None:  # the experiment continues only as it began
+            check_same_experiment(checkpoint_config(resume_from), self.cfg, resume_from)
+        elif continues and self.run.config_file.is_file():  # restarting a run killed before a checkpoint
+            check_same_experiment(load_config(self.run.config_file), self.cfg, self.run.config_file)
+        return resume_from, move_aside, continues
+
+    def fingerprint(self, data_dir: Path) -> list[dict]:
+        """Rank 0: the segments of the run so far (the resumed checkpoint's) and this one's fingerprint,
+        after refusing a resume that would compute something else than the checkpoint did."""
+        saved = read_info(self.resume_from) if self.resume_from is not None else {}
+        current = take(self.fast, self.dist, data_dir=data_dir, tokenizer=tokenizer_name(data_dir),
+                       micro_batch_size=self.cfg.train.micro_batch_size, grad_accum=self.reader.accum,
+                       train=self.reader.tokens, train_range=self.reader.token_range(), val=self.val.tokens,
+                       val_range=(self.val.offset, self.val.offset + self.val.n_tokens),
+                       from_step=saved.get("step", 0))
+        check_resume(saved.get("segments", []), current, self.resume_from)
+        return [*saved.get("segments", []), current]
+
+    def open_data(self, data_dir: Path) -> None:
+        """Open the validation range and the training reader; refuse ranges and token ids that do not fit."""
+        cfg, dist, t = self.cfg, self.dist, self.cfg.train
+        check_vocabulary(data_dir, cfg.model.vocab_size)
+        self.val = TokenRange(open_split(data_dir, cfg.data.val_split), cfg.data.val_offset, cfg.data.val_tokens)
+        if self.val.offset + self.val.n_tokens > len(self.val.tokens):
+            raise DataError(f"{self.val.tokens.path}: validation range [{self.val.offset:,}, "
+                            f"{self.val.offset + self.val.n_tokens:,}) is past its {len(self.val.tokens):,} tokens; "
+                            "lower data.val_tokens or data.val_offset")
+        if self.val.n_sequences(cfg.model.context_length) == 0:
+            raise DataError(f"data.val_tokens {cfg.data.val_tokens} holds no sequence of "
+                            f"model.context_length + 1 = {cfg.model.context_length + 1} tokens")
+        self.val.check_ids(cfg.model.vocab_size)  # the whole range, now, rather than at the first validation
+        self.open_reader(data_dir)
+
+    def open_reader(self, data_dir: Path) -> None:
+        """The training reader of this rank, reading ahead where the fast path says so."""
+        cfg, dist, t = self.cfg, self.dist, self.cfg.train
+        self.reader = TrainBatches(open_split(data_dir, cfg.data.train_split), cfg.model.context_length,
+                                   t.micro_batch_size, t.global_batch_size, rank=dist.rank, world_size=dist.world_size,
+                                   seed=t.seed, shuffle=cfg.data.shuffle, vocab_size=cfg.model.vocab_size,
+                                   prefetch=self.fast.prefetch, pin_memory=self.fast.pin_memory)
+
+    def build(self) -> None:
+        """Seed, build the model, optimizer, grad scaler; load the checkpoint resumed from."""
+        cfg, dist, t = self.cfg, self.dist, self.cfg.train
+        random.seed(t.seed + dist.rank)
+        np.random.seed(t.seed + dist.rank)
+        torch.manual_seed(t.seed + dist.rank)  # dropout masks differ across ranks, as they should
+        self.model = GPT(cfg.model, seed=cfg.init_seed)
+        self.n_params = self.model.num_params()
+        self.total_steps = cfg.total_steps(self.model.num_params(norms=False))
+        self.progress.total_steps = self.total_steps
+        self.warmup = warmup_steps(self.total_steps, cfg.optim.warmup_frac)
+        if self.warmup >= self.total_steps > 1:
+            raise UserError(f"optim.warmup_frac {cfg.optim.warmup_frac:g} of {self.total_steps:,} steps is "
+                            f"{self.warmup:,} warmup steps, the whole run: the learning rate would never decay; "
+                            "lower optim.warmup_frac or train for more steps")
+        self.reader.check_capacity(self.total_steps)
+        if dist.device.type == "cuda":
+            apply_tf32(self.fast.tf32)
+        self.model.to(dist.device)
+        self.params = list(self.model.parameters())
+        self.optimizer = make_optimizer(self.model, cfg.optim)
+        self.scaler = torch.amp.GradScaler(dist.device.type, enabled=self.fast.precision == "fp16")
+        if self.resume_from is not None:
+            load_weights(self.model, self.resume_from)
+            self.load_state_dict(load_state(self.resume_from))
+            self.check_length()
+
+    def check_length(self) -> None:
+        """Refuse to continue a checkpoint under another plan than the one it was trained for."""
+        planned, p = self.progress.total_steps, self.progress
+        if planned is not None and planned != self.total_steps:
+            raise CheckpointError(f"{self.resume_from} belongs to a run of {planned:,} steps, but this config now "
+                                  f"gives {self.total_steps:,}; the schedule would change mid-run: start a new run")
+        if p.step > self.total_steps:
+            raise CheckpointError(f"{self.resume_from} is at step {p.step:,}, past this config's "
+                                  f"{self.total_steps:,} steps: start a new run")
+
+    def state_dict(self) -> dict:
+        """Everything besides the weights that continuing exactly needs. Every rank calls it:
+        it gathers every rank's RNG states."""
+        return {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
+                "data": self.reader.state_dict(),
+                "progress": {**vars(self.progress), "elapsed": self.progress.elapsed + self.throughput.seconds(),
+                             "window": self.window.totals(self.dist.all_sum)},
+                "rng": self.dist.gather_objects(rng_state())}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.reader.load_state_dict(state["data"])
+        self.progress = Progress(**{"total_steps": None, **state["progress"]})  # older checkpoints: no plan
+        rngs = state["rng"]  # a run resumed on more ranks than it had: the new ones take rank 0's
+        set_rng_state(rngs[self.dist.rank] if self.dist.rank < len(rngs) else rngs[0])
+
+    def ready_to_step(self, data_dir: Path | None = None, *, repeat: bool = False,
+                      batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
+        """Make ``train_step`` callable outside a run (no run folder, no checkpoint, no logging): what the
+        benchmark times and the memory probe tries. The steps read the training split of ``data_dir``; with
+        ``repeat``, its first step's micro-batches again and again (no reading in the steps); or ``batches``,
+        given, at every step. Then build and prepare the step as a run does."""
+        if batches is None:
+            self.open_reader(data_dir)
+            if repeat:
+                batches = list(self.reader.next_step())
+                self.reader.close()
+        if batches is not None:
+            self.reader = RepeatedBatches(batches)
+        self.build()
+        self.prepare_step()
+
+    def prepare_step(self) -> None:
+        """Wrap the model for DDP and torch.compile, and choose the autocast: what ``train_step`` runs."""
+        dist = self.dist
+        self.net = self.model
+        if dist.enabled:
+            self.net = DDP(self.model, device_ids=[dist.device.index] if dist.device.type == "cuda" else None)
+        if self.fast.compile:
+            self.net = torch.compile(self.net)
+        self.autocast = autocast_for(self.fast.precision, dist.device)
+
+    def start(self) -> None:
+        """Set the run directory up (rank 0), prepare the step, open the sinks."""
+        cfg, dist, p = self.cfg, self.dist, self.progress
+        for note in dist.on_main(self.start_run_dir):
+            print(note, file=sys.stderr)
+        self.prepare_step()
+        self.metrics = Metrics(self.run, cfg) if dist.is_main else None
+        self.window = LossWindow(dist.device, p.window if dist.is_main else None)  # all of a resumed window: rank 0
+        self.divergence = Divergence(dist.device, step=p.step, total=p.nonfinite_total, consecutive=p.nonfinite_run,
+                                     max_nonfinite=cfg.train.max_nonfinite_steps,
+                                     loss_ceiling=cfg.train.loss_ceiling, warmup=self.warmup)
+        self.bar = tqdm(total=self.total_steps, initial=p.step, unit="step", file=sys.stderr, dynamic_ncols=True,
+                        disable=not (dist.is_main and cfg.log.progress))
+        self.throughput = Throughput(p.step, self.total_steps, cfg.tokens_per_step)
+
+    def start_run_dir(self) -> list[str]:
+        """Rank 0: set the run directory up and mark the run as running (an evaluator then knows that
+        its summary is not final)."""
+        notes = []
+        if self.move_aside and self.run.path.exists():
+            notes.append(f"moved the earlier run to {self.run.move_aside()}")
+            self.lock.release()  # its lock file went with it: hold the new folder's
+            self.lock = self.run.lock()
+        notes += self.run.start(self.config_yaml, self.progress.step, keep_config=self.continues)
+        cfg = self.cfg
+        try:
+            self.run.write_summary({
+                "status": RUNNING, "pid": os.getpid(), "steps": self.progress.step, "total_steps": self.total_steps,
+                "norm_type": cfg.model.norm_type, "seed": cfg.train.seed, **self.token_ranges(),
+                "segments": self.segments})
+        except OSError as e:
+            raise UserError(f"cannot write {self.run.summary_file}: {os_reason(e)}; free space or make the run "
+                            "directory writable, then rerun") from None
+        for hook in self.hooks:
+            hook.started(self.run.path)
+        return notes
+
+    def stopped_at_once(self, why: str) -> None:
+        """Rank 0, after a third stop signal: mark a run that had started as interrupted (its newest
+        checkpoint stands); a folder it cannot write is left as it is."""
+        if not self.dist.is_main:
+            return
+        try:
+            summary = self.run.summary()
+            if summary is not None and summary.get("status") == RUNNING:
+                self.run.write_summary({**summary, "status": INTERRUPTED, "stop_reason": why})
+        except (OSError, UserError):
+            pass
+
+    def release(self) -> None:
+        """Let the run directory go (a killed process lets go too: the kernel drops its lock)."""
+        if self.reader is not None:
+            self.reader.close()
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+    # ------------------------------------------------------------------ the loop
+
+    def train(self) -> dict:
+        """Step until the run is done, has diverged or is asked to stop; returns the summary. Stop signals
+        are counted from the start to the end (``StopFlag``): the first stops the run after its step and a
+        checkpoint, the second hurries that stop (no wait for uploads), the third ends it at once."""
+        with StopFlag() as stop:
+            self.start()
+            status, reason = self.loop(stop)
+            return self.finish(status, reason, stop)
+
+    def loop(self, stop: StopFlag) -> tuple[str, str | None]:
+        """The training steps; returns the run's status and why it stopped short (None: completed)."""
+        p, status, reason = self.progress, COMPLETED, None
+        while p.step < self.total_steps:
+            lr = self.lr_at(p.step)
+            set_lr(self.optimizer, lr)
+            loss_sum, grad_norm, skipped = self.first_step() if self.first_step_seconds is None\
+                else self.train_step()
+            self.divergence.record(skipped)
+            self.window.add(loss_sum, self.reader.accum)
+            p.step += 1
+            p.tokens += self.cfg.tokens_per_step
+            self.bar.update(1)
+            self.throughput.step_done(p.step)
+            stopping = self.dist.any_flag(stop.requested)  # every step: training time, not a pause
+            evaluate, save = self.should_evaluate(p.step), self.should_checkpoint(p.step) or stopping
+            record = self.log_record(lr, loss_sum, grad_norm) if self.should_log(p.step) else None
+            # wherever the loop waits for the device anyway, it also reads the divergence counters
+            reason = self.check_divergence(record) if record is not None or evaluate or save else None
+            if reason:
+                status = DIVERGED  # keep the last good checkpoint: nothing is saved from a diverged run
+                self.log(record)
+                break
+            if evaluate:
+                record = record or {"step": p.step, "tokens": p.tokens, "lr": lr}
+            with self.throughput.paused(self.dist.synchronize) if evaluate or save else contextlib.nullcontext():
+                is_best = evaluate and self.validate(record)
+                self.log(record)
+                if save or is_best:
+                    try:
+                        self.checkpoint(is_best)
+                    except CheckpointError as e:  # a full disk, say: stop, keeping the last good one
+                        status, reason = INTERRUPTED, str(e)
+                        break
+            if stopping:
+                status, reason = INTERRUPTED, "stop signal (SIGTERM / SIGINT)"
+                break
+        return status, reason
+
+    def lr_at(self, step: int) -> float:
+        o = self.cfg.optim
+        return lr_at(step, self.total_steps, lr=o.lr, min_lr=o.min_lr, warmup_frac=o.warmup_frac,
+                     schedule=o.schedule, decay_frac=o.decay_frac)
+
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One optimizer step on this rank's micro-batches of the next global step.
+
+        Returns device tensors, nothing waited for: the sum of the micro-batch losses,
+        the gradient norm before clipping, and whether the update was skipped.
+        """
+        dist, accum = self.dist, self.reader.accum
+        loss_sum = torch.zeros((), device=dist.device)
+        for k, (x, y) in enumerate(self.reader.next_step()):  # x, y: (micro_batch, T)
+            x, y = dist.to_device(x), dist.to_device(y)
+            last = not dist.enabled or k == accum - 1  # DDP all-reduces the gradients on the last one only
+            with contextlib.nullcontext() if last else self.net.no_sync():
+                with self.autocast():
+                    _, loss = self.net(x, y)
+                self.scaler.scale(loss / accum).backward()
+            loss_sum += loss.detach()
+        self.scaler.unscale_(self.optimizer)  # a no-op unless fp16
+        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+        if self.cfg.optim.grad_clip is not None:
+            torch.nn.utils.clip_grads_with_norm_(self.params, self.cfg.optim.grad_clip, grad_norm)
+        skipped = step_unless_nonfinite(self.optimizer, self.scaler, grad_norm)
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss_sum, grad_norm, skipped
+
+    def first_step(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This process's first step, timed apart and left out of tokens/s: it compiles the model
+        (train.compile) and warms up kernels and allocators."""
+        self.dist.synchronize()
+        began = time.perf_counter()
+        out = self.train_step()
+        self.dist.synchronize()
+        self.first_step_seconds = time.perf_counter() - began
+        self.throughput.restart(self.progress.step + 1)
+        if self.fast.compile and self.dist.is_main:
+            self.bar.write(f"torch.compile: the first step took {self.first_step_seconds:.1f} s (compiling); "
+                           "tokens/s leaves it out", file=sys.stderr)
+        return out
+
+    def should_log(self, step: int) -> bool:
+        return step % self.cfg.log.log_every == 0 or step == self.total_steps or step == 1
+
+    def should_evaluate(self, step: int) -> bool:
+        return step % self.cfg.train.eval_every == 0 or step == self.total_steps
+
+    def should_checkpoint(self, step: int) -> bool:
+        return step % self.cfg.train.checkpoint_every == 0 or step == self.total_steps
+
+    def log_record(self, lr: float, loss_sum: torch.Tensor, grad_norm: torch.Tensor) -> dict:
+        """The metrics of a log step (reading them waits for the device; other steps never do).
+
+        ``train_loss`` is the mean over the steps since the last log, ``train_loss_last`` the
+        log step's own."""
+        p, dist = self.progress, self.dist
+        last = (dist.all_sum(loss_sum) / (self.reader.accum * dist.world_size)).item()
+        mean_loss = self.window.take(dist.all_sum)
+        rate = self.throughput.since_last_log(p.step)
+        self.last_train_loss = mean_loss
+        self.bar.set_postfix(loss=f"{mean_loss:.4f}", tok_s="-" if rate is None else f"{rate:,.0f}", refresh=False)
+        return {"step": p.step, "tokens": p.tokens, "train_loss": mean_loss, "train_loss_last": last, "lr": lr,
+                "grad_norm": float(grad_norm), "tokens_per_s": rate, "elapsed_s": p.elapsed + self.throughput.seconds()}
+
+    def check_divergence(self, record: dict | None) -> str | None:
+        """Read the divergence counters into the progress (and ``record``); why the run diverged, or None."""
+        p = self.progress
+        p.nonfinite_total, p.nonfinite_run, crossed_at = self.divergence.counts()
+        if record is not None:
+            record["nonfinite_steps"] = p.nonfinite_total
+        verdict = self.divergence.reason(crossed_at, p.step, record["train_loss"] if record else None)
+        if verdict is None:
+            return None
+        reason, self.diverged_at = verdict
+        return reason
+
+    def validate(self, record: dict) -> bool:
+        """Measure the validation loss into ``record``; True if it is the best so far."""
+        p = self.progress
+        # the unwrapped model: ranks may score different numbers of batches, DDP must not see it
+        p.last_val = evaluate_loss(self.model, self.val, self.dist, seq_len=self.cfg.model.context_length,
+                                   batch_size=self.cfg.train.micro_batch_size, autocast=self.autocast)[0]
+        record["val_loss"] = p.last_val
+        if p.last_val < p.best_val:
+            p.best_val, p.best_step = p.last_val, p.step
+            return True
+        return False
+
+    def log(self, record: dict | None) -> None:
+        if record is not None and self.metrics is not None:
+            self.metrics.log(record)
+
+    # ------------------------------------------------------- checkpoints, the end
+
+    def checkpoint(self, is_best: bool) -> Path | None:
+        """Save a checkpoint of this step (rank 0 writes, every rank takes part); redraw the charts.
+        A write that fails raises CheckpointError on every rank."""
+        state, p = self.state_dict(), self.progress
+
+        def save() -> Path:
+            info = {"step": p.step, "tokens": p.tokens, "val_loss": p.last_val, "best_val_loss": p.best_val_loss,
+                    "elapsed_seconds": state["progress"]["elapsed"], "segments": self.segments}
+            path = save_checkpoint(self.run.checkpoints, p.step, self.model, state=state,
+                                   config_yaml=self.config_yaml, info=info, keep_last=self.cfg.train.keep_last,
+                                   is_best=is_best)
+            self.last_checkpoint = path
+            for hook in self.hooks:
+                hook.checkpoint_saved(path)  # a problem of a hook's own is not the run's: training goes on
+            return path
+
+        return self.dist.on_main(save)
+
+    def token_ranges(self) -> dict:
+        """The tokens the run reads for training and validation, as the evaluator checks them."""
+        data = self.cfg.data
+        return {"train_token_range": [data.train_split, *self.reader.token_range()],
+                "val_token_range": [data.val_split, self.val.offset, self.val.offset + self.val.n_tokens]}
+
+    def summary(self, status: str, reason: str | None) -> dict:
+        """What summary.json says of the run (see the README for every field)."""
+        cfg, dist, p = self.cfg, self.dist, self.progress
+        return {
+            "status": status, "stop_reason": reason, "steps": p.step, "total_steps": self.total_steps,
+            "tokens": p.tokens, "wall_seconds": p.elapsed + self.throughput.seconds(),
+            "tokens_per_s": self.throughput.steady(p.step), "final_train_loss": self.last_train_loss,
+            "best_val_loss": p.best_val_loss, "best_val_step": p.best_step,
+            "nonfinite_steps": self.divergence.counts()[0],
+            "diverged_at_step": self.diverged_at if status == DIVERGED else None,
+            "n_params": self.n_params, "n_params_outside_norms": self.model.num_params(norms=False),
+            "norm_type": cfg.model.norm_type, "seed": cfg.train.seed,
+            "precision": self.fast.precision, "compile": self.fast.compile,
+            "first_step_seconds": self.first_step_seconds,
+            "world_size": dist.world_size, "device": device_name(dist.device),
+            "peak_memory_bytes": peak_memory_bytes(dist.device),
+            **self.token_ranges(),
+            "segments": self.segments,  # every process's fingerprint: versions, hardware, data, code
+        }
+
+    def finish(self, status: str, reason: str | None, stop: StopFlag | None = None) -> dict:
+        """Close the progress bar and the sinks; rank 0 waits for the uploads (bounded once a stop signal
+        came), writes summary.json and the final charts, and says in one line how the run ended."""
+        self.bar.close()
+        summary = self.summary(status, reason)
+        if self.dist.is_main:
+            final = self.last_checkpoint if status == COMPLETED else None
+            problems = [hook.finished(status, final, summary, stop) for hook in self.hooks]
+            if stop is not None and stop.hurry:
+                problems.append("a second stop signal: nothing waited for after the checkpoint")
+            try:
+                self.run.write_summary(summary)
+            except OSError as e:  # the disk that stopped the checkpoint: say so in the same line
+                problems.append(f"{self.run.summary_file.name} not written: {os_reason(e)}")
+            self.metrics.close(summary)
+            problems = "; ".join(x for x in problems if x)
+            if status != COMPLETED:
+                print(f"{status} at step {self.progress.step}: {reason}" + (f" ({problems})" if problems else ""),
+                      file=sys.stderr)
+            elif problems:
+                print(f"warning: {problems}", file=sys.stderr)
+        return summary

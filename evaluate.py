@@ -1,7 +1,7 @@
 """Held-out test loss of runs: the front door of ``gpt.commands.evaluate`` (``python evaluate.py --help``).
 
-    python evaluate.py runs/*
-    torchrun --nproc_per_node=8 evaluate.py runs/*
+python evaluate.py runs/*
+torchrun --nproc_per_node=8 evaluate.py runs/*
 """
 
 import sys

@@ -1,6 +1,6 @@
 """Benchmark training steps per norm type, or each norm alone: the front door of ``gpt.commands.bench`` (``--help``).
 
-    python scripts/bench.py configs/gpt2-small.yaml --compile both --json
+python scripts/bench.py configs/gpt2-small.yaml --compile both --json
 """
 
 import sys

@@ -1,6 +1,6 @@
 """Compare runs across norm types and seeds: the front door of ``gpt.commands.compare`` (``--help``).
 
-    python scripts/compare.py runs/gpt2-small-* --baseline handrolled_layernorm --out comparison/
+python scripts/compare.py runs/gpt2-small-* --baseline handrolled_layernorm --out comparison/
 """
 
 import sys

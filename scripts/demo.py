@@ -1,6 +1,6 @@
 """The embedded demo: the front door of ``gpt.commands.demo`` (``--help``), with this checkout's demo config.
 
-    python scripts/demo.py
+python scripts/demo.py
 """
 
 import sys

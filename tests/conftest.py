@@ -7,18 +7,20 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 
 
 import pytest  # noqa: E402
+from synthetic import CONFIGS, ROOT, VOCAB, write_meta, write_token_set, write_train_yaml  # noqa: E402, F401
 
 from gpt.config import ModelConfig  # noqa: E402
-from synthetic import CONFIGS, ROOT, VOCAB, write_meta, write_token_set, write_train_yaml  # noqa: E402, F401
 
 
 @pytest.fixture
 def tiny_model_cfg():
     """A model small enough to build in milliseconds: vocab 97, width 32, 2 layers."""
+
     def make(**kw):
         base = dict(vocab_size=97, context_length=16, d_model=32, n_layers=2, n_heads=4)
         base.update(kw)
         return ModelConfig(**base)
+
     return make
 
 
@@ -30,6 +32,8 @@ def token_set(tmp_path_factory):
 @pytest.fixture
 def train_yaml(tmp_path, token_set):
     """A tiny CPU training config (vocab 256, fp32) writing into tmp_path/run."""
+
     def make(name="run"):
         return write_train_yaml(tmp_path, token_set, name)
+
     return make

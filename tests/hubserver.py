@@ -46,7 +46,8 @@ class HubServer:
     def find(self, repo_id: str, revision: str) -> dict | None:
         """The commit a branch name or a commit id names."""
         return self.head(repo_id, revision) or next(
-            (c for commits in self.repos.get(repo_id, {}).values() for c in commits if c["oid"] == revision), None)
+            (c for commits in self.repos.get(repo_id, {}).values() for c in commits if c["oid"] == revision), None
+        )
 
     def files(self, repo_id: str, branch: str = "main") -> dict[str, bytes]:
         head = self.head(repo_id, branch)
@@ -101,7 +102,9 @@ def _handler(hub: HubServer):
             repo_id = f"{req['organization']}/{req['name']}" if req.get("organization") else req["name"]
             with hub.lock:
                 if repo_id in hub.repos:
-                    return self.reply(409, {"error": "You already created this model repo", "url": f"{hub.url}/{repo_id}"})
+                    return self.reply(
+                        409, {"error": "You already created this model repo", "url": f"{hub.url}/{repo_id}"}
+                    )
                 commit = {"oid": _oid(repo_id.encode()), "message": "initial commit", "files": {}}
                 hub.repos[repo_id] = {"main": [commit]}
                 hub.private[repo_id] = bool(req.get("private"))
@@ -120,8 +123,9 @@ def _handler(hub: HubServer):
                 return self.reply(200, {})
             if method == "POST" and rest[:1] == ["preupload"]:
                 files = json.loads(body)["files"]
-                return self.reply(200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
-                                                  for f in files]})
+                return self.reply(
+                    200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]}
+                )
             if method == "POST" and rest[:1] == ["commit"]:
                 return self.commit(repo_id, "/".join(rest[1:]), body)
             if method == "GET" and rest[:1] in ([], ["revision"]):
@@ -131,8 +135,13 @@ def _handler(hub: HubServer):
                 head = hub.find(repo_id, rest[1])
                 if head is None or len(rest) > 2:  # no such revision, or a folder (there are none)
                     return self.reply(404, {"error": "Entry not found"}, {"X-Error-Code": "EntryNotFound"})
-                return self.reply(200, [{"type": "file", "path": p, "size": len(d), "oid": _oid(d)}
-                                        for p, d in sorted(head["files"].items())])
+                return self.reply(
+                    200,
+                    [
+                        {"type": "file", "path": p, "size": len(d), "oid": _oid(d)}
+                        for p, d in sorted(head["files"].items())
+                    ],
+                )
             self.reply(404, {"error": f"not served: {method} {rest}"}, {"X-Error-Code": "EntryNotFound"})
 
         def commit(self, repo_id: str, branch: str, body: bytes):
@@ -151,18 +160,36 @@ def _handler(hub: HubServer):
                     elif item["key"] in ("deletedFile",):
                         files.pop(item["value"]["path"], None)
                 message = next(i["value"]["summary"] for i in lines if i["key"] == "header")
-                oid = _oid(json.dumps([repo_id, branch, message, sorted(files)]).encode()
-                           + str(len(hub.repos[repo_id][branch])).encode())
+                oid = _oid(
+                    json.dumps([repo_id, branch, message, sorted(files)]).encode()
+                    + str(len(hub.repos[repo_id][branch])).encode()
+                )
                 hub.repos[repo_id][branch].append({"oid": oid, "message": message, "files": files})
-            self.reply(200, {"commitUrl": f"{hub.url}/{repo_id}/commit/{oid}", "commitOid": oid,
-                             "pullRequestUrl": None, "success": True})
+            self.reply(
+                200,
+                {
+                    "commitUrl": f"{hub.url}/{repo_id}/commit/{oid}",
+                    "commitOid": oid,
+                    "pullRequestUrl": None,
+                    "success": True,
+                },
+            )
 
         def info(self, repo_id: str, branch: str):
             head = hub.find(repo_id, branch)
             if head is None:
                 return self.reply(404, {"error": "Invalid rev id"}, {"X-Error-Code": "RevisionNotFound"})
-            self.reply(200, {"id": repo_id, "modelId": repo_id, "sha": head["oid"], "private": hub.private[repo_id],
-                             "siblings": [{"rfilename": p} for p in sorted(head["files"])], "tags": []})
+            self.reply(
+                200,
+                {
+                    "id": repo_id,
+                    "modelId": repo_id,
+                    "sha": head["oid"],
+                    "private": hub.private[repo_id],
+                    "siblings": [{"rfilename": p} for p in sorted(head["files"])],
+                    "tags": [],
+                },
+            )
 
         def resolve(self, method: str, repo_id: str, revision: str, filename: str):
             if repo_id not in hub.repos:
@@ -171,8 +198,9 @@ def _handler(hub: HubServer):
             if head is None:
                 return self.reply(404, {"error": "Invalid rev id"}, {"X-Error-Code": "RevisionNotFound"})
             if filename not in head["files"]:
-                return self.reply(404, {"error": "Entry not found"},
-                                  {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": head["oid"]})
+                return self.reply(
+                    404, {"error": "Entry not found"}, {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": head["oid"]}
+                )
             data = head["files"][filename]
             self.reply(200, data, {"ETag": f'"{_oid(data)}"', "X-Repo-Commit": head["oid"]})
 

@@ -17,12 +17,28 @@ VOCAB = 256
 def write_meta(folder, n_vocab, record_splits=False):
     """The meta.json prepare_data writes last: the reader takes a .bin set only with it. With
     ``record_splits``, each split's token count, sha256 and sampled sha256, as prepare_data records them."""
-    splits = {p.stem: {"file": p.name, "tokens": p.stat().st_size // 2,
-                       "sha256": hashlib.sha256(p.read_bytes()).hexdigest(), "sampled_sha256": sample_digest(p)}
-              for p in sorted(Path(folder).glob("*.bin"))} if record_splits else {}
-    (folder / "meta.json").write_text(json.dumps({"dtype": "uint16", "tokenizer": {"name": "synthetic",
-                                                                                   "n_vocab": n_vocab},
-                                                  **({"splits": splits} if splits else {})}))
+    splits = (
+        {
+            p.stem: {
+                "file": p.name,
+                "tokens": p.stat().st_size // 2,
+                "sha256": hashlib.sha256(p.read_bytes()).hexdigest(),
+                "sampled_sha256": sample_digest(p),
+            }
+            for p in sorted(Path(folder).glob("*.bin"))
+        }
+        if record_splits
+        else {}
+    )
+    (folder / "meta.json").write_text(
+        json.dumps(
+            {
+                "dtype": "uint16",
+                "tokenizer": {"name": "synthetic", "n_vocab": n_vocab},
+                **({"splits": splits} if splits else {}),
+            }
+        )
+    )
 
 
 def write_token_set(folder, n_train=200_000, n_val=20_000, n_test=20_000, seed=0):
@@ -89,6 +105,7 @@ def no_sync_between_log_steps(get_mode=None, set_mode=None):
                 return fn(*args, **kw)
             finally:
                 set_mode(mode)
+
         return call
 
     def strict_step(self):

@@ -16,7 +16,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
 
 PACKAGE = ROOT / "gpt"
@@ -27,8 +26,20 @@ TORCH_FREE = ["common", "config"]  # checked before anything heavy loads
 SHIPPED = ["model.gpt", "model.norms", "model.loss"]  # copied verbatim to the Hub beside the weights
 SHARED_BY_COMMANDS = "commands.cli"  # the one module of commands/ that commands import
 # The run directory's file names, spelled only by gpt.run.directory (and a checkpoint's own config copy)
-RUN_DIR_FILES = {"config.yaml", "metrics.jsonl", "summary.json", "wandb_id.txt", "checkpoints", "hub.json",
-                 ".hub-staging", "loss.png", "lr.png", "grad_norm.png", "comparison.json", "eval-"}
+RUN_DIR_FILES = {
+    "config.yaml",
+    "metrics.jsonl",
+    "summary.json",
+    "wandb_id.txt",
+    "checkpoints",
+    "hub.json",
+    ".hub-staging",
+    "loss.png",
+    "lr.png",
+    "grad_norm.png",
+    "comparison.json",
+    "eval-",
+}
 OWNERS = {"run.directory": RUN_DIR_FILES, "run.checkpoints": {"config.yaml"}}
 MAX_FUNCTION_LINES = 60
 
@@ -52,7 +63,7 @@ def imports(name: str, path: Path, top: str) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             if node.level:
-                base = here[:len(here) - node.level + 1] + (node.module.split(".") if node.module else [])
+                base = here[: len(here) - node.level + 1] + (node.module.split(".") if node.module else [])
                 module = ".".join(base)
             elif node.module and node.module.split(".")[0] == top:
                 module = node.module.removeprefix(top).lstrip(".")
@@ -68,8 +79,10 @@ def arrows(package: Path, top: str = "gpt") -> dict[str, set[str]]:
     """module -> the package's modules it imports (only names that are modules, or their packages)."""
     mods = modules(package)
     known = set(mods)
-    return {name: {m for m in imports(name, path, top) if m in known and m != name and m != ""}
-            for name, path in mods.items()}
+    return {
+        name: {m for m in imports(name, path, top) if m in known and m != name and m != ""}
+        for name, path in mods.items()
+    }
 
 
 def wing_of(name: str) -> str:
@@ -83,8 +96,9 @@ def against_the_order(package: Path, wings: list[str], top: str = "gpt") -> list
         if wing_of(name) not in rank:
             out.append(f"{name}: in no wing (place its folder in WINGS and the README's Layout)")
             continue
-        out += [f"{name} imports {t}" for t in sorted(targets)
-                if rank.get(wing_of(t), len(wings)) > rank[wing_of(name)]]
+        out += [
+            f"{name} imports {t}" for t in sorted(targets) if rank.get(wing_of(t), len(wings)) > rank[wing_of(name)]
+        ]
     return out
 
 
@@ -94,7 +108,7 @@ def cycles(package: Path, top: str = "gpt") -> list[str]:
     def visit(node, path):
         for t in sorted(graph.get(node, ())):
             if t in path:
-                found.append(" -> ".join(path[path.index(t):] + [t]))
+                found.append(" -> ".join(path[path.index(t) :] + [t]))
             elif len(path) < 12:
                 visit(t, path + [t])
 
@@ -104,8 +118,13 @@ def cycles(package: Path, top: str = "gpt") -> list[str]:
 
 
 def commands_importing_commands(package: Path, top: str = "gpt") -> list[str]:
-    return [f"{name} imports {t}" for name, targets in arrows(package, top).items() if wing_of(name) == "commands"
-            for t in sorted(targets) if wing_of(t) == "commands" and t not in ("commands", SHARED_BY_COMMANDS)]
+    return [
+        f"{name} imports {t}"
+        for name, targets in arrows(package, top).items()
+        if wing_of(name) == "commands"
+        for t in sorted(targets)
+        if wing_of(t) == "commands" and t not in ("commands", SHARED_BY_COMMANDS)
+    ]
 
 
 def torch_in(package: Path, wings: list[str], top: str = "gpt") -> list[str]:
@@ -113,8 +132,13 @@ def torch_in(package: Path, wings: list[str], top: str = "gpt") -> list[str]:
     for name, path in modules(package).items():
         if wing_of(name) in wings:
             for node in ast.walk(ast.parse(path.read_text())):
-                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                    [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                    if isinstance(node, ast.ImportFrom) and not node.level
+                    else []
+                )
                 out += [f"{name} imports {n}" for n in names if n.split(".")[0] == "torch"]
     return out
 
@@ -122,16 +146,26 @@ def torch_in(package: Path, wings: list[str], top: str = "gpt") -> list[str]:
 def string_constants(path: Path) -> set[str]:
     """Every string literal in ``path`` but docstrings."""
     tree = ast.parse(path.read_text())
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
-                  and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
-    return {node.value for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings}
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return {
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    }
 
 
 def names_spelled_outside_their_owner(package: Path) -> dict[str, set[str]]:
-    spelled = {name: string_constants(path) & (RUN_DIR_FILES - OWNERS.get(name, set()))
-               for name, path in modules(package).items()}
+    spelled = {
+        name: string_constants(path) & (RUN_DIR_FILES - OWNERS.get(name, set()))
+        for name, path in modules(package).items()
+    }
     return {name: found for name, found in spelled.items() if found}
 
 
@@ -144,6 +178,7 @@ def write_package(root: Path, files: dict[str, str]) -> Path:
 
 
 # ------------------------------------------------------------------ the package as it is
+
 
 def test_every_module_is_in_a_wing_and_no_import_goes_against_the_order():
     assert sorted({wing_of(n) for n in modules(PACKAGE)}) == sorted(WINGS)
@@ -160,8 +195,12 @@ def test_commands_import_no_other_command():
 
 def test_the_config_imports_no_torch_even_through_others():
     assert torch_in(PACKAGE, TORCH_FREE) == []
-    loaded = subprocess.run([sys.executable, "-c", "import sys, gpt.config; print('torch' in sys.modules)"],
-                            capture_output=True, text=True, check=True).stdout.strip()
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, gpt.config; print('torch' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert loaded == "False"
 
 
@@ -177,7 +216,7 @@ def test_every_wing_says_what_it_owns_and_may_import():
 
 def test_no_long_functions():
     long = []
-    for name, path in modules(PACKAGE).items():
+    for path in modules(PACKAGE).values():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 lines = node.end_lineno - node.lineno + 1
@@ -189,8 +228,15 @@ def test_no_long_functions():
 def test_no_two_modules_differ_only_by_a_suffix():
     # (a wing may share a command's root: commands/train.py runs what training/ holds)
     stems = sorted({n.split(".")[-1] for n in modules(PACKAGE) if "." in n})
-    alike = [(a, b) for a in stems for b in stems if a != b and b.startswith(a) and len(b) - len(a) <= 4
-             and b[len(a):].lstrip("_") in ("", "s", "ing", "ion", "er", "ark", "ata", "mark")]
+    alike = [
+        (a, b)
+        for a in stems
+        for b in stems
+        if a != b
+        and b.startswith(a)
+        and len(b) - len(a) <= 4
+        and b[len(a) :].lstrip("_") in ("", "s", "ing", "ion", "er", "ark", "ata", "mark")
+    ]
     assert alike == []
 
 
@@ -203,7 +249,8 @@ def test_front_doors_only_call_a_command(path):
     found = [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
     from_gpt = [node for node in found if isinstance(node, ast.ImportFrom) and node.module.startswith("gpt")]
     assert [(node.module, [a.name for a in node.names]) for node in from_gpt] == [
-        (f"gpt.commands.{path.stem}", ["main"])], "a front door imports its command's main and nothing else"
+        (f"gpt.commands.{path.stem}", ["main"])
+    ], "a front door imports its command's main and nothing else"
     others = {a.name for node in found if node not in from_gpt for a in node.names}
     assert others <= {"sys", "Path"}
     assert "sys.path" not in path.read_text()
@@ -211,7 +258,7 @@ def test_front_doors_only_call_a_command(path):
 
 def test_the_hub_code_stands_alone():
     # what goes to the Hub must load where this package is not installed: the wrapper and the model's own files
-    allowed = {"torch", "transformers", "types", "math", "hashlib", "contextlib", "typing", "__future__"}
+    allowed = {"torch", "transformers", *sys.stdlib_module_names}
     shipped = {p.stem: p for p in (PACKAGE / "publish" / "hub_code").glob("*.py")}
     shipped |= {name.split(".")[-1]: modules(PACKAGE)[name] for name in SHIPPED}
     for stem, path in shipped.items():
@@ -233,13 +280,21 @@ def test_the_choices_a_config_names_are_the_implementations_registries():
 
 # ------------------------------------------------------------------ each rule catches its breach
 
+
 def test_the_checks_catch_an_import_against_the_order_and_a_cycle(tmp_path):
-    pkg = write_package(tmp_path, {
-        "__init__.py": "", "model/__init__.py": "", "data/__init__.py": "", "training/__init__.py": "",
-        "model/gpt.py": "from gpt.training.loop import Trainer\n",  # the model reaching up to training
-        "data/a.py": "from . import b\n", "data/b.py": "from gpt.data import a\n",  # a cycle
-        "training/loop.py": "from gpt.data.a import x\n",  # downward: fine
-    })
+    pkg = write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "model/__init__.py": "",
+            "data/__init__.py": "",
+            "training/__init__.py": "",
+            "model/gpt.py": "from gpt.training.loop import Trainer\n",  # the model reaching up to training
+            "data/a.py": "from . import b\n",
+            "data/b.py": "from gpt.data import a\n",  # a cycle
+            "training/loop.py": "from gpt.data.a import x\n",  # downward: fine
+        },
+    )
     assert against_the_order(pkg, ["model", "data", "training"]) == ["model.gpt imports training.loop"]
     assert cycles(pkg) == ["data.a -> data.b -> data.a", "data.b -> data.a -> data.b"]
     unplaced = against_the_order(pkg, ["model", "data"])  # a new folder must be placed in the order
@@ -247,24 +302,40 @@ def test_the_checks_catch_an_import_against_the_order_and_a_cycle(tmp_path):
 
 
 def test_the_checks_catch_a_command_importing_a_command(tmp_path):
-    pkg = write_package(tmp_path, {
-        "__init__.py": "", "commands/__init__.py": "", "commands/cli.py": "",
-        "commands/train.py": "from gpt.commands.cli import command\n",  # the shared helpers: fine
-        "commands/sweep.py": "def main():\n    from gpt.commands import train\n",  # inside a function too
-    })
+    pkg = write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "commands/__init__.py": "",
+            "commands/cli.py": "",
+            "commands/train.py": "from gpt.commands.cli import command\n",  # the shared helpers: fine
+            "commands/sweep.py": "def main():\n    from gpt.commands import train\n",  # inside a function too
+        },
+    )
     assert commands_importing_commands(pkg) == ["commands.sweep imports commands.train"]
 
 
 def test_the_checks_catch_torch_in_the_config(tmp_path):
-    pkg = write_package(tmp_path, {"__init__.py": "", "config/__init__.py": "",
-                                   "config/schema.py": "def names():\n    from torch.nn import LayerNorm\n"})
+    pkg = write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "config/__init__.py": "",
+            "config/schema.py": "def names():\n    from torch.nn import LayerNorm\n",
+        },
+    )
     assert torch_in(pkg, ["config"]) == ["config.schema imports torch.nn"]
 
 
 def test_the_checks_catch_a_run_directory_name_spelled_elsewhere(tmp_path):
-    pkg = write_package(tmp_path, {
-        "__init__.py": "", "run/__init__.py": "", "publish/__init__.py": "",
-        "run/directory.py": 'LOSS = "loss.png"\n',
-        "publish/export.py": 'def chart(run):\n    """Reads loss.png."""\n    return run / "loss.png"\n',
-    })
+    pkg = write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "run/__init__.py": "",
+            "publish/__init__.py": "",
+            "run/directory.py": 'LOSS = "loss.png"\n',
+            "publish/export.py": 'def chart(run):\n    """Reads loss.png."""\n    return run / "loss.png"\n',
+        },
+    )
     assert names_spelled_outside_their_owner(pkg) == {"publish.export": {"loss.png"}}

@@ -7,21 +7,42 @@ import sys
 
 import pytest
 import torch
-
-from gpt.analysis.timing import with_ratios
-from gpt.training.micro_batch import fits_in_memory, largest_fitting, micro_batch_plan
-from gpt.config import ModelConfig, load_config
-from gpt.run.distributed import Dist
-from gpt.model.gpt import GPT
-from gpt.analysis.mfu import mfu, peak_tflops, percentile, step_stats
-
 from conftest import CONFIGS, ROOT
 
+from gpt.analysis.mfu import mfu, peak_tflops, percentile, step_stats
+from gpt.analysis.timing import with_ratios
+from gpt.config import ModelConfig, load_config
+from gpt.model.gpt import GPT
+from gpt.run.distributed import Dist
+from gpt.training.micro_batch import fits_in_memory, largest_fitting, micro_batch_plan
+
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-STEP_FIELDS = {"mode", "config", "norm_type", "compile", "precision", "device", "world_size", "micro_batch",
-               "global_batch", "tokens_per_step", "steps", "warmup", "data", "tokens_per_s", "ms_per_step", "ms_p10",
-               "ms_p90", "flops_per_token", "mfu", "peak_tflops", "peak_memory_bytes", "first_step_s", "compile_s",
-               "time_vs_handrolled_layernorm"}
+STEP_FIELDS = {
+    "mode",
+    "config",
+    "norm_type",
+    "compile",
+    "precision",
+    "device",
+    "world_size",
+    "micro_batch",
+    "global_batch",
+    "tokens_per_step",
+    "steps",
+    "warmup",
+    "data",
+    "tokens_per_s",
+    "ms_per_step",
+    "ms_p10",
+    "ms_p90",
+    "flops_per_token",
+    "mfu",
+    "peak_tflops",
+    "peak_memory_bytes",
+    "first_step_s",
+    "compile_s",
+    "time_vs_handrolled_layernorm",
+}
 
 
 def test_flops_per_token_of_gpt2_small_by_hand():
@@ -60,18 +81,44 @@ def test_step_statistics():
 
 
 def test_ratios_are_to_hand_rolled_layernorm_of_the_same_compile_setting():
-    rows = with_ratios([{"norm_type": n, "compile": c, "ms_per_step": ms} for n, c, ms in [
-        ("handrolled_layernorm", False, 100.0), ("pytorch_layernorm", False, 90.0),
-        ("handrolled_layernorm", True, 50.0), ("pytorch_layernorm", True, 49.0), ("dyt", None, 1.0)]])
+    rows = with_ratios(
+        [
+            {"norm_type": n, "compile": c, "ms_per_step": ms}
+            for n, c, ms in [
+                ("handrolled_layernorm", False, 100.0),
+                ("pytorch_layernorm", False, 90.0),
+                ("handrolled_layernorm", True, 50.0),
+                ("pytorch_layernorm", True, 49.0),
+                ("dyt", None, 1.0),
+            ]
+        ]
+    )
     assert [r["time_vs_handrolled_layernorm"] for r in rows] == [1.0, 0.9, 1.0, 0.98, None]
 
 
 @pytest.mark.slow
 def test_bench_json_rows_hold_every_field():
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), str(CONFIGS / "tiny.yaml"), "--json",
-                          "--data", "synthetic", "--steps", "3", "--warmup", "1",
-                          "--norm-types", "handrolled_layernorm", "pytorch_rmsnorm"],
-                         capture_output=True, text=True, env=ENV, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "bench.py"),
+            str(CONFIGS / "tiny.yaml"),
+            "--json",
+            "--data",
+            "synthetic",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--norm-types",
+            "handrolled_layernorm",
+            "pytorch_rmsnorm",
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     assert [r["norm_type"] for r in rows] == ["handrolled_layernorm", "pytorch_rmsnorm"]
@@ -80,7 +127,11 @@ def test_bench_json_rows_hold_every_field():
         assert r["tokens_per_s"] == pytest.approx(1024 / (r["ms_per_step"] / 1e3), rel=0.5)
         assert r["ms_p10"] <= r["ms_per_step"] <= r["ms_p90"]
         assert (r["flops_per_token"], r["tokens_per_step"], r["compile"], r["precision"]) == (
-            GPT(load_config(CONFIGS / "tiny.yaml").model).flops_per_token(), 8 * 128, False, "fp32")
+            GPT(load_config(CONFIGS / "tiny.yaml").model).flops_per_token(),
+            8 * 128,
+            False,
+            "fp32",
+        )
         assert r["mfu"] is None and r["peak_tflops"] is None  # a CPU has no bf16 peak in the table
         assert r["compile_s"] is None and r["first_step_s"] > 0 and r["peak_memory_bytes"] > 0
     assert rows[0]["time_vs_handrolled_layernorm"] == 1.0
@@ -88,9 +139,28 @@ def test_bench_json_rows_hold_every_field():
 
 
 def test_bench_with_a_peak_gives_mfu_and_the_table(train_yaml):
-    out = subprocess.run([sys.executable, "-m", "gpt.commands.bench", str(train_yaml()), "--data", "ready", "--steps", "2",
-                          "--warmup", "1", "--norm-types", "handrolled_layernorm", "--peak-tflops", "0.001"],
-                         capture_output=True, text=True, env=ENV, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpt.commands.bench",
+            str(train_yaml()),
+            "--data",
+            "ready",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--norm-types",
+            "handrolled_layernorm",
+            "--peak-tflops",
+            "0.001",
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     header, columns, row = out.stdout.splitlines()
     assert "(0.001 TFLOP/s bf16 peak), fp32, 256 tokens/step (micro-batch 4), ready data" in header
@@ -99,8 +169,27 @@ def test_bench_with_a_peak_gives_mfu_and_the_table(train_yaml):
 
 
 def test_norms_only_rows():
-    out = subprocess.run([sys.executable, "-m", "gpt.commands.bench", "--norms-only", "--shape", "2", "16", "32", "--steps",
-                          "3", "--warmup", "1", "--json"], capture_output=True, text=True, env=ENV, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpt.commands.bench",
+            "--norms-only",
+            "--shape",
+            "2",
+            "16",
+            "32",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     assert [r["norm_type"] for r in rows][:2] == ["handrolled_layernorm", "pytorch_layernorm"] and len(rows) == 7
@@ -127,24 +216,40 @@ def test_rows_are_kept_as_they_come_and_a_failing_row_does_not_end_the_run(tmp_p
         append_to(path)(row)
         seen.append(len(path.read_text().splitlines()))  # on disk the moment it is measured
 
-    rows = benchmark.norm_rows(["handrolled_layernorm", "pytorch_layernorm", "dyt"], [False], shape=(2, 8, 16),
-                               device=torch.device("cpu"), precision="fp32", steps=2, warmup=1, emit=emit)
+    rows = benchmark.norm_rows(
+        ["handrolled_layernorm", "pytorch_layernorm", "dyt"],
+        [False],
+        shape=(2, 8, 16),
+        device=torch.device("cpu"),
+        precision="fp32",
+        steps=2,
+        warmup=1,
+        emit=emit,
+    )
     assert seen == [1, 2, 3] and [json.loads(x)["norm_type"] for x in path.read_text().splitlines()] == [
-        "handrolled_layernorm", "pytorch_layernorm", "dyt"]
+        "handrolled_layernorm",
+        "pytorch_layernorm",
+        "dyt",
+    ]
     assert rows[1]["error"] == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
     assert "ms_per_step" in rows[2] and rows[1]["time_vs_handrolled_layernorm"] is None
     assert "pytorch_layernorm                off  failed: OutOfMemoryError: CUDA out of memory." in table(rows)
 
 
 def test_bench_mistakes_are_one_line(train_yaml):
-    for args, message in [(["--steps", "0", str(train_yaml())], "--steps 0 --warmup 3: both must be >= 1"),
-                          ([], "give a CONFIG to time its training steps, or --norms-only"),
-                          ([str(train_yaml()), "--set", "model.n_heads=3"], "model.n_heads: 3 does not divide")]:
-        out = subprocess.run([sys.executable, "-m", "gpt.commands.bench", *args], capture_output=True, text=True, env=ENV)
+    for args, message in [
+        (["--steps", "0", str(train_yaml())], "--steps 0 --warmup 3: both must be >= 1"),
+        ([], "give a CONFIG to time its training steps, or --norms-only"),
+        ([str(train_yaml()), "--set", "model.n_heads=3"], "model.n_heads: 3 does not divide"),
+    ]:
+        out = subprocess.run(
+            [sys.executable, "-m", "gpt.commands.bench", *args], capture_output=True, text=True, env=ENV
+        )
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
 
 
 # ------------------------------------------------------------------ the largest micro-batch
+
 
 @pytest.mark.parametrize("limit,threshold", [(96, 37), (96, 96), (96, 0), (96, 1), (5, 64), (1, 1)])
 def test_the_search_finds_the_largest_that_fits(limit, threshold):
@@ -164,7 +269,8 @@ def test_the_plan_divides_the_global_batch():
         "  1 GPU: train.micro_batch_size 32, accumulation 3 (global batch 96 = 1 x 32 x 3)",
         "  2 GPUs: train.micro_batch_size 24, accumulation 2 (global batch 96 = 2 x 24 x 2)",
         "  4 GPUs: train.micro_batch_size 24, accumulation 1 (global batch 96 = 4 x 24 x 1)",
-        "  8 GPUs: train.micro_batch_size 12, accumulation 1 (global batch 96 = 8 x 12 x 1)"]
+        "  8 GPUs: train.micro_batch_size 12, accumulation 1 (global batch 96 = 8 x 12 x 1)",
+    ]
 
 
 def test_the_memory_probe_runs_real_steps(train_yaml):
@@ -173,18 +279,31 @@ def test_the_memory_probe_runs_real_steps(train_yaml):
 
 
 def test_find_micro_batch_without_a_gpu_is_one_line(train_yaml):
-    out = subprocess.run([sys.executable, str(ROOT / "train.py"), str(train_yaml()), "--find-micro-batch"],
-                         capture_output=True, text=True, env=ENV)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), str(train_yaml()), "--find-micro-batch"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert out.stderr == ("error: --find-micro-batch measures GPU memory, and no CUDA GPU is visible here; run it on "
-                          "the kind of machine you will train on\n")
+    assert out.stderr == (
+        "error: --find-micro-batch measures GPU memory, and no CUDA GPU is visible here; run it on "
+        "the kind of machine you will train on\n"
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU, gpu_check.sh runs its stages")
 def test_gpu_check_without_a_gpu_says_so_in_one_line(tmp_path):
-    out = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path / "out")], capture_output=True,
-                         text=True, env={**ENV, "PYTHON": sys.executable}, timeout=120)
+    out = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env={**ENV, "PYTHON": sys.executable},
+        timeout=120,
+    )
     assert out.returncode == 1 and out.stdout == ""
-    assert out.stderr == (f"gpu_check: no CUDA GPU is visible to {sys.executable} (torch {torch.__version__}); "
-                          "run it on a machine with one\n")
+    assert out.stderr == (
+        f"gpu_check: no CUDA GPU is visible to {sys.executable} (torch {torch.__version__}); "
+        "run it on a machine with one\n"
+    )
     assert not (tmp_path / "out").exists()

@@ -9,28 +9,42 @@ import sys
 import matplotlib.image
 import numpy as np
 import pytest
+from conftest import ROOT
 
 from gpt.analysis.table import compare
-from gpt.config import config_from_dict, dump_config
 from gpt.common.errors import UserError
-
-from conftest import ROOT
+from gpt.config import config_from_dict, dump_config
 
 T_975_2DF = 4.302652729911275  # Student t, 97.5% quantile, 2 degrees of freedom (tables)
 
 BASE = {"hr": [3.600, 3.590, 3.610], "pt": [3.570, 3.575, 3.580]}
 
 SEGMENT = {  # a training segment's fingerprint as gpt.run.fingerprint.take writes it: 8 x A100 in bf16
-    "from_step": 0, "started": "2026-12-01T00:00:00Z", "host": "node-1",
+    "from_step": 0,
+    "started": "2026-12-01T00:00:00Z",
+    "host": "node-1",
     "train": {"precision": "bf16", "compile": True, "tf32": True, "micro_batch_size": 12, "grad_accum": 1},
     "hardware": {"device": "cuda", "name": "NVIDIA A100-SXM4-40GB", "world_size": 8},
     "software": {"torch": "2.11.0+cu128", "cuda": "12.8", "python": "3.12.3", "numpy": "2.2.0"},
     "code": {"version": "0.1.0", "source": "c" * 64, "commit": "d" * 40, "dirty": False},
-    "data": {"dir": "data/fineweb", "tokenizer": "gpt2",
-             "train": {"file": "train.bin", "tokens": 10**9, "sha256": "a" * 64, "sampled_sha256": "b" * 64,
-                       "range": [0, 10**9 - 1023]},
-             "val": {"file": "val.bin", "tokens": 10**7, "sha256": "e" * 64, "sampled_sha256": "f" * 64,
-                     "range": [0, 4_194_304]}},
+    "data": {
+        "dir": "data/fineweb",
+        "tokenizer": "gpt2",
+        "train": {
+            "file": "train.bin",
+            "tokens": 10**9,
+            "sha256": "a" * 64,
+            "sampled_sha256": "b" * 64,
+            "range": [0, 10**9 - 1023],
+        },
+        "val": {
+            "file": "val.bin",
+            "tokens": 10**7,
+            "sha256": "e" * 64,
+            "sampled_sha256": "f" * 64,
+            "range": [0, 4_194_304],
+        },
+    },
 }
 
 
@@ -46,33 +60,91 @@ def segment(**flat):
     return out
 
 
-def make_run(root, name, norm_type, seed, loss=None, status="completed", split="test", offset=0, n_tokens=1000,
-             tokenizer="gpt2", diverged_at=None, init_seed=None, total_steps=None, segments="default", config=None,
-             summary=None, test_sha256="9" * 64):
+def make_run(
+    root,
+    name,
+    norm_type,
+    seed,
+    loss=None,
+    status="completed",
+    split="test",
+    offset=0,
+    n_tokens=1000,
+    tokenizer="gpt2",
+    diverged_at=None,
+    init_seed=None,
+    total_steps=None,
+    segments="default",
+    config=None,
+    summary=None,
+    test_sha256="9" * 64,
+):
     run = root / name
-    sections = {"run": {"name": name}, "train": {"steps": 100, "seed": seed},
-                "model": {"norm_type": norm_type, "init_seed": init_seed}}
+    sections = {
+        "run": {"name": name},
+        "train": {"steps": 100, "seed": seed},
+        "model": {"norm_type": norm_type, "init_seed": init_seed},
+    }
     for section, values in (config or {}).items():
         sections[section] = {**sections.get(section, {}), **values}
     cfg = config_from_dict(sections)
     ckpt = run / "checkpoints" / "step-00000100"
     ckpt.mkdir(parents=True)
     (run / "config.yaml").write_text(dump_config(cfg))
-    (run / "metrics.jsonl").write_text("".join(
-        json.dumps({"step": s, "tokens": s * 1000, "train_loss": 5 - s / 50 + seed / 100, "grad_norm": 1.0 + s / 100,
-                    **({"val_loss": 5 - s / 60} if s % 50 == 0 else {})}) + "\n" for s in range(1, 101)))
-    (run / "summary.json").write_text(json.dumps({
-        "status": status, "tokens_per_s": 1000.0 + seed, "wall_seconds": 60.0, "diverged_at_step": diverged_at,
-        "total_steps": total_steps, "segments": [SEGMENT] if segments == "default" else segments, **(summary or {})}))
+    (run / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps(
+                {
+                    "step": s,
+                    "tokens": s * 1000,
+                    "train_loss": 5 - s / 50 + seed / 100,
+                    "grad_norm": 1.0 + s / 100,
+                    **({"val_loss": 5 - s / 60} if s % 50 == 0 else {}),
+                }
+            )
+            + "\n"
+            for s in range(1, 101)
+        )
+    )
+    (run / "summary.json").write_text(
+        json.dumps(
+            {
+                "status": status,
+                "tokens_per_s": 1000.0 + seed,
+                "wall_seconds": 60.0,
+                "diverged_at_step": diverged_at,
+                "total_steps": total_steps,
+                "segments": [SEGMENT] if segments == "default" else segments,
+                **(summary or {}),
+            }
+        )
+    )
     (ckpt / "model.safetensors").write_bytes(b"")
     (run / "checkpoints" / "latest").write_text(ckpt.name + "\n")
     (run / "checkpoints" / "best").write_text(ckpt.name + "\n")
     if loss is not None:
-        (ckpt / "eval-test-fp32.json").write_text(json.dumps({
-            "loss": loss, "split": split, "offset": offset, "n_tokens": n_tokens, "tokenizer": tokenizer,
-            "data_dir": "data/x", "precision": "fp32",
-            "fingerprint": {"precision": "fp32", "test": {"file": "test.bin", "tokens": 10**7, "sha256": test_sha256,
-                                                          "sampled_sha256": "8" * 64}}}))
+        (ckpt / "eval-test-fp32.json").write_text(
+            json.dumps(
+                {
+                    "loss": loss,
+                    "split": split,
+                    "offset": offset,
+                    "n_tokens": n_tokens,
+                    "tokenizer": tokenizer,
+                    "data_dir": "data/x",
+                    "precision": "fp32",
+                    "fingerprint": {
+                        "precision": "fp32",
+                        "test": {
+                            "file": "test.bin",
+                            "tokens": 10**7,
+                            "sha256": test_sha256,
+                            "sampled_sha256": "8" * 64,
+                        },
+                    },
+                }
+            )
+        )
     return run
 
 
@@ -100,8 +172,11 @@ def test_means_stds_and_paired_interval(runs, tmp_path):
     half = T_975_2DF * sd / math.sqrt(3)
     v = rows["pytorch_layernorm"]["vs_baseline"]
     assert v["method"] == "paired" and v["n"] == 3
-    assert v["diff"] == pytest.approx(-0.025) and v["low"] == pytest.approx(mean - half) \
+    assert (
+        v["diff"] == pytest.approx(-0.025)
+        and v["low"] == pytest.approx(mean - half)
         and v["high"] == pytest.approx(mean + half)
+    )
     assert v["high"] < 0  # beyond noise in this made-up example
     # different seeds: Welch
     w = rows["pytorch_rmsnorm"]["vs_baseline"]
@@ -116,8 +191,20 @@ def test_means_stds_and_paired_interval(runs, tmp_path):
 
 def test_outputs_are_written(runs, tmp_path):
     out = tmp_path / "out"
-    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "compare.py"), *map(str, runs), "--out", str(out),
-                          "--baseline", "pytorch_layernorm"], capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "compare.py"),
+            *map(str, runs),
+            "--out",
+            str(out),
+            "--baseline",
+            "pytorch_layernorm",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     md = (out / "comparison.md").read_text()
     assert "| no_norm | 1 (0) | n/a | n/a | n/a |" in md and "1 diverged (diverged at step 530)" in md
@@ -158,9 +245,11 @@ def test_incomparable_runs_are_refused(tmp_path):
 
 # ----------------------------------------------------- validity: what enters the statistics
 
+
 def strict_json(text):
     def refuse(constant):
         raise ValueError(f"not standard JSON: {constant}")
+
     return json.loads(text, parse_constant=refuse)
 
 
@@ -178,7 +267,10 @@ def test_dropped_runs_and_pairing_on_shared_seeds(tmp_path):
         row = next(g for g in result["groups"] if g["group"] == "pytorch_layernorm")
         assert row["n_evaluated"] == 4 and row["test_loss_mean"] == pytest.approx(sum(pt.values()) / 4), which
         assert [(x["seed"], x["reason"]) for x in row["left_out"]] == [
-            ("3", "diverged at step 77"), ("5", "interrupted"), ("6", "not evaluated")], which
+            ("3", "diverged at step 77"),
+            ("5", "interrupted"),
+            ("6", "not evaluated"),
+        ], which
         v = row["vs_baseline"]
         diffs = [pt[s] - hr[s] for s in (0, 1, 2)]  # the shared seeds; 3 and 4 have no partner
         mean = sum(diffs) / 3
@@ -213,16 +305,21 @@ def test_seeds_needed_and_resolvable_difference_are_exact_power(tmp_path):
         assert paired_power(delta, sd, n) == pytest.approx(0.80, abs=1e-6), (sd, n)
         shortcut = (st.t.ppf(0.975, n - 1) + st.t.ppf(0.80, n - 1)) * sd / math.sqrt(n)
         assert delta > shortcut and paired_power(shortcut, sd, n) < 0.80  # the shortcut overstated the power
-    shortcut_power = [paired_power((st.t.ppf(0.975, n - 1) + st.t.ppf(0.80, n - 1)) * 0.01 / math.sqrt(n), 0.01, n)
-                      for n in (2, 3, 4)]
+    shortcut_power = [
+        paired_power((st.t.ppf(0.975, n - 1) + st.t.ppf(0.80, n - 1)) * 0.01 / math.sqrt(n), 0.01, n) for n in (2, 3, 4)
+    ]
     assert [round(p, 2) for p in shortcut_power] == [0.73, 0.77, 0.78]  # the issue's finding 5
     for diff, sd in ((0.02, 0.002), (0.025, 0.008), (0.01, 0.006), (-0.024, 0.00652), (0.003, 0.01)):
         k = stats.seeds_needed(diff, sd)
-        assert paired_power(abs(diff), sd, k) >= 0.80 > paired_power(abs(diff), sd, k - 1) if k > 2 else \
-            paired_power(abs(diff), sd, k) >= 0.80, (diff, sd, k)
+        assert (
+            paired_power(abs(diff), sd, k) >= 0.80 > paired_power(abs(diff), sd, k - 1)
+            if k > 2
+            else paired_power(abs(diff), sd, k) >= 0.80
+        ), (diff, sd, k)
     # where the shortcut named one seed too few (2 of 4 in the issue): the exact answer is one more
-    shortcut_n = next(m for m in range(2, 100) if (st.t.ppf(0.975, m - 1) + st.t.ppf(0.8, m - 1)) * 0.002
-                      / math.sqrt(m) <= 0.02)
+    shortcut_n = next(
+        m for m in range(2, 100) if (st.t.ppf(0.975, m - 1) + st.t.ppf(0.8, m - 1)) * 0.002 / math.sqrt(m) <= 0.02
+    )
     assert (shortcut_n, stats.seeds_needed(0.02, 0.002)) == (2, 3) and paired_power(0.02, 0.002, 2) < 0.80
     assert stats.seeds_needed(0.0, 0.01) is None and stats.seeds_needed(1e-6, 0.01) is None  # > 10,000 seeds
     assert stats.resolvable_difference(0.0, 3) == 0.0 and stats.seeds_needed(0.01, 0.0) == 2
@@ -244,8 +341,9 @@ def test_seeds_needed_and_equivalence_through_compare(tmp_path):
     # the same numbers through compare, on runs whose losses give these differences
     base = [3.6, 3.61, 3.59, 3.605, 3.595]
     runs = [make_run(tmp_path, f"a{s}", "handrolled_layernorm", s, loss) for s, loss in enumerate(base)]
-    runs += [make_run(tmp_path, f"b{s}", "pytorch_rmsnorm", s, loss + d)
-             for s, (loss, d) in enumerate(zip(base, diffs))]
+    runs += [
+        make_run(tmp_path, f"b{s}", "pytorch_rmsnorm", s, loss + d) for s, (loss, d) in enumerate(zip(base, diffs))
+    ]
     v = compare(runs, tmp_path / "out", equivalence_margin=0.04)["groups"][1]["vs_baseline"]
     assert v["sd"] == pytest.approx(sd) and paired_power(v["resolvable_diff"], sd, n) == pytest.approx(0.8, abs=1e-6)
     k = v["seeds_needed"]
@@ -273,9 +371,12 @@ def test_runs_of_different_lengths_are_refused(tmp_path):
     a = make_run(tmp_path, "a", "handrolled_layernorm", 0, 3.6, total_steps=33_165)
     b = make_run(tmp_path, "b", "pytorch_rmsnorm", 0, 3.6, total_steps=33_161)
     c = make_run(tmp_path, "c", "pytorch_layernorm", 0, 3.6, total_steps=33_165)
-    with pytest.raises(UserError, match=r"these runs trained for different lengths, so their losses are not "
-                                        r"comparable: 33,165 steps = 3,260,252,160 tokens \(a, c\); 33,161 steps = "
-                                        r"3,259,858,944 tokens \(b\); train every run"):
+    with pytest.raises(
+        UserError,
+        match=r"these runs trained for different lengths, so their losses are not "
+        r"comparable: 33,165 steps = 3,260,252,160 tokens \(a, c\); 33,161 steps = "
+        r"3,259,858,944 tokens \(b\); train every run",
+    ):
         compare([a, b, c], tmp_path / "out")
     assert not (tmp_path / "out").exists()
     assert compare([a, c], tmp_path / "out")["groups"][1]["n_evaluated"] == 1
@@ -290,26 +391,52 @@ def test_comparison_json_is_standard_json(runs, tmp_path):
 
 # ------------------------------------------- only the norm may differ: configs and fingerprints
 
+
 def pair(tmp_path, hr_segment=None, pt_segment=None, hr_config=None, pt_config=None, seeds=(0, 1, 2)):
     """Three seeds each of hand-rolled and PyTorch LayerNorm; the pt runs may carry another fingerprint or config."""
-    runs = [make_run(tmp_path, f"hr-s{s}", "handrolled_layernorm", s, BASE["hr"][s],
-                     segments=[hr_segment or SEGMENT], config=hr_config) for s in seeds]
-    runs += [make_run(tmp_path, f"pt-s{s}", "pytorch_layernorm", s, BASE["pt"][s],
-                      segments=[pt_segment or SEGMENT], config=pt_config) for s in seeds]
+    runs = [
+        make_run(
+            tmp_path,
+            f"hr-s{s}",
+            "handrolled_layernorm",
+            s,
+            BASE["hr"][s],
+            segments=[hr_segment or SEGMENT],
+            config=hr_config,
+        )
+        for s in seeds
+    ]
+    runs += [
+        make_run(
+            tmp_path,
+            f"pt-s{s}",
+            "pytorch_layernorm",
+            s,
+            BASE["pt"][s],
+            segments=[pt_segment or SEGMENT],
+            config=pt_config,
+        )
+        for s in seeds
+    ]
     return runs
 
 
 def test_precisions_are_not_pooled(tmp_path):
     # hand-rolled LayerNorm in fp32 (V100s: auto gave fp32) against PyTorch LayerNorm in bf16 (A100s)
     runs = pair(tmp_path, hr_segment=segment(**{"train.precision": "fp32"}))
-    with pytest.raises(UserError, match=r"these runs differ in more than the norm and the seeds, so a difference "
-                                        r"between them would not be the norm's: train\.precision: fp32 \(hr-s0, "
-                                        r"hr-s1, hr-s2\); bf16 \(pt-s0, pt-s1, pt-s2\); .*--vary KEY"):
+    with pytest.raises(
+        UserError,
+        match=r"these runs differ in more than the norm and the seeds, so a difference "
+        r"between them would not be the norm's: train\.precision: fp32 \(hr-s0, "
+        r"hr-s1, hr-s2\); bf16 \(pt-s0, pt-s1, pt-s2\); .*--vary KEY",
+    ):
         compare(runs, tmp_path / "out")
     assert not (tmp_path / "out").exists()
     result = compare(runs, tmp_path / "out", vary=["train.precision"])
-    assert [g["group"] for g in result["groups"]] == ["handrolled_layernorm, train.precision=fp32",
-                                                      "pytorch_layernorm, train.precision=bf16"]
+    assert [g["group"] for g in result["groups"]] == [
+        "handrolled_layernorm, train.precision=fp32",
+        "pytorch_layernorm, train.precision=bf16",
+    ]
     assert result["baseline"] == "handrolled_layernorm, train.precision=fp32"
     md = (tmp_path / "out" / "comparison.md").read_text()
     assert "- varied (--vary, one group per value): train.precision" in md
@@ -324,8 +451,14 @@ def test_config_resolved_by_the_fingerprint_is_compared_as_used(tmp_path):
 
 def test_bookkeeping_settings_are_not_a_difference(tmp_path):
     # how often checkpoints are written and kept, and reading ahead, change no number; validation does (best)
-    runs = pair(tmp_path, pt_config={"train": {"checkpoint_every": 5, "keep_last": 9, "prefetch": False},
-                                     "log": {"log_every": 1}, "hub": {"private": False}})
+    runs = pair(
+        tmp_path,
+        pt_config={
+            "train": {"checkpoint_every": 5, "keep_last": 9, "prefetch": False},
+            "log": {"log_every": 1},
+            "hub": {"private": False},
+        },
+    )
     assert len(compare(runs, tmp_path / "out")["groups"]) == 2
     other = pair(tmp_path / "eval", pt_config={"train": {"eval_every": 7}})
     with pytest.raises(UserError, match=r"train\.eval_every: 500 \(hr-s0, hr-s1, hr-s2\); 7 \(pt-s0"):
@@ -335,9 +468,12 @@ def test_bookkeeping_settings_are_not_a_difference(tmp_path):
 def test_runs_on_different_token_contents_are_refused(tmp_path):
     other = segment(**{"data.train.sha256": "1" * 64, "data.train.sampled_sha256": "2" * 64})
     runs = pair(tmp_path, pt_segment=other)
-    with pytest.raises(UserError, match=r"data\.train\.sampled_sha256: bbbbbbbbbbbb\.\.\. \(hr-s0, hr-s1, hr-s2\); "
-                                        r"222222222222\.\.\. \(pt-s0, pt-s1, pt-s2\) \| data\.train\.sha256: "
-                                        r"aaaaaaaaaaaa\.\.\. \(hr-s0"):
+    with pytest.raises(
+        UserError,
+        match=r"data\.train\.sampled_sha256: bbbbbbbbbbbb\.\.\. \(hr-s0, hr-s1, hr-s2\); "
+        r"222222222222\.\.\. \(pt-s0, pt-s1, pt-s2\) \| data\.train\.sha256: "
+        r"aaaaaaaaaaaa\.\.\. \(hr-s0",
+    ):
         compare(runs, tmp_path / "out")
     # the data's folder is where the tokens are, not what they are: another path to the same tokens is fine
     moved = segment(**{"data.dir": "/mnt/other/fineweb"})
@@ -346,22 +482,33 @@ def test_runs_on_different_token_contents_are_refused(tmp_path):
     # test losses on different test-token contents are refused too
     a = make_run(tmp_path / "t", "a", "handrolled_layernorm", 0, 3.6)
     b = make_run(tmp_path / "t", "b", "pytorch_layernorm", 0, 3.6, test_sha256="7" * 64)
-    with pytest.raises(UserError, match=r"evaluated on different test tokens.*sha256 999999999999 \(a\); test .* "
-                                        r"sha256 777777777777 \(b\)"):
+    with pytest.raises(
+        UserError,
+        match=r"evaluated on different test tokens.*sha256 999999999999 \(a\); test .* "
+        r"sha256 777777777777 \(b\)",
+    ):
         compare([a, b], tmp_path / "out")
 
 
 def test_groups_that_differ_in_another_setting_are_refused(tmp_path):
     runs = pair(tmp_path, pt_config={"optim": {"lr": 2e-3}})
-    with pytest.raises(UserError, match=r"would not be the norm's: optim\.lr: 0\.0014 \(hr-s0, hr-s1, hr-s2\); "
-                                        r"0\.002 \(pt-s0, pt-s1, pt-s2\); compare runs"):
+    with pytest.raises(
+        UserError,
+        match=r"would not be the norm's: optim\.lr: 0\.0014 \(hr-s0, hr-s1, hr-s2\); "
+        r"0\.002 \(pt-s0, pt-s1, pt-s2\); compare runs",
+    ):
         compare(runs, tmp_path / "out")
     # an lr sweep of both norms is a deliberate axis; with two groups per norm, the baseline must be named
-    runs += [make_run(tmp_path, f"hr2-s{s}", "handrolled_layernorm", s, BASE["hr"][s] + 0.01,
-                      config={"optim": {"lr": 2e-3}}) for s in range(3)]
-    with pytest.raises(UserError, match=r"no default baseline .*give --baseline, one of: handrolled_layernorm, "
-                                        r"optim\.lr=0\.0014, handrolled_layernorm, optim\.lr=0\.002, "
-                                        r"pytorch_layernorm, optim\.lr=0\.002"):
+    runs += [
+        make_run(tmp_path, f"hr2-s{s}", "handrolled_layernorm", s, BASE["hr"][s] + 0.01, config={"optim": {"lr": 2e-3}})
+        for s in range(3)
+    ]
+    with pytest.raises(
+        UserError,
+        match=r"no default baseline .*give --baseline, one of: handrolled_layernorm, "
+        r"optim\.lr=0\.0014, handrolled_layernorm, optim\.lr=0\.002, "
+        r"pytorch_layernorm, optim\.lr=0\.002",
+    ):
         compare(runs, tmp_path / "out", vary=["optim.lr"])
     result = compare(runs, tmp_path / "out", vary=["optim.lr"], baseline="handrolled_layernorm, optim.lr=0.002")
     rows = {g["group"]: g for g in result["groups"]}
@@ -373,26 +520,43 @@ def test_groups_that_differ_in_another_setting_are_refused(tmp_path):
 
 def test_runs_within_a_group_that_differ_are_refused_unless_allowed(tmp_path):
     runs = pair(tmp_path)
-    runs.append(make_run(tmp_path, "hr-s3", "handrolled_layernorm", 3, 3.6,
-                         segments=[segment(**{"hardware.name": "Tesla V100-SXM2-32GB"})]))
-    with pytest.raises(UserError, match=r"hardware\.name: NVIDIA A100-SXM4-40GB \(hr-s0, hr-s1, hr-s2, pt-s0, "
-                                        r"pt-s1, pt-s2\); Tesla V100-SXM2-32GB \(hr-s3\)"):
+    runs.append(
+        make_run(
+            tmp_path,
+            "hr-s3",
+            "handrolled_layernorm",
+            3,
+            3.6,
+            segments=[segment(**{"hardware.name": "Tesla V100-SXM2-32GB"})],
+        )
+    )
+    with pytest.raises(
+        UserError,
+        match=r"hardware\.name: NVIDIA A100-SXM4-40GB \(hr-s0, hr-s1, hr-s2, pt-s0, "
+        r"pt-s1, pt-s2\); Tesla V100-SXM2-32GB \(hr-s3\)",
+    ):
         compare(runs, tmp_path / "out")
     result = compare(runs, tmp_path / "out", allow_differ=["hardware"])
     assert list(result["allowed_to_differ"]) == ["hardware.name"]
     md = (tmp_path / "out" / "comparison.md").read_text()
-    assert ("- **allowed to differ** (--allow-differ): hardware.name: NVIDIA A100-SXM4-40GB (hr-s0, hr-s1, hr-s2, "
-            "pt-s0, pt-s1, pt-s2); Tesla V100-SXM2-32GB (hr-s3)") in md
+    assert (
+        "- **allowed to differ** (--allow-differ): hardware.name: NVIDIA A100-SXM4-40GB (hr-s0, hr-s1, hr-s2, "
+        "pt-s0, pt-s1, pt-s2); Tesla V100-SXM2-32GB (hr-s3)"
+    ) in md
 
 
 def test_a_resumed_run_is_compared_on_every_segment(tmp_path):
     # seed 2 of pt was resumed on 4 GPUs (same global batch): its world size is [8, 4], not the others' 8
     resumed = [SEGMENT, segment(**{"from_step": 50, "hardware.world_size": 4, "train.grad_accum": 2})]
     runs = pair(tmp_path)
-    (tmp_path / "pt-s2" / "summary.json").write_text(json.dumps(
-        {**json.loads((tmp_path / "pt-s2" / "summary.json").read_text()), "segments": resumed}))
-    with pytest.raises(UserError, match=r"hardware\.world_size: 8 \(hr-s0, hr-s1, hr-s2, pt-s0, pt-s1\); \[8, 4\] "
-                                        r"\(pt-s2\)"):
+    (tmp_path / "pt-s2" / "summary.json").write_text(
+        json.dumps({**json.loads((tmp_path / "pt-s2" / "summary.json").read_text()), "segments": resumed})
+    )
+    with pytest.raises(
+        UserError,
+        match=r"hardware\.world_size: 8 \(hr-s0, hr-s1, hr-s2, pt-s0, pt-s1\); \[8, 4\] "
+        r"\(pt-s2\)",
+    ):
         compare(runs, tmp_path / "out")
 
 
@@ -403,7 +567,9 @@ def test_the_baseline_is_never_an_accident_of_order(tmp_path):
         result = compare(order, tmp_path / "out")
         assert result["baseline"] == "pytorch_layernorm"  # first in the write-up's order, whatever the order given
         assert [g["group"] for g in result["groups"]] == ["pytorch_layernorm", "pytorch_rmsnorm"]
-    assert "the first norm type of these runs in the write-up's order" in (tmp_path / "out" / "comparison.md").read_text()
+    assert (
+        "the first norm type of these runs in the write-up's order" in (tmp_path / "out" / "comparison.md").read_text()
+    )
 
 
 def test_the_report_says_what_every_run_shares(runs, tmp_path):
@@ -412,29 +578,50 @@ def test_the_report_says_what_every_run_shares(runs, tmp_path):
     md = (tmp_path / "out" / "comparison.md").read_text()
     assert "Baseline: the default, handrolled_layernorm, the write-up's baseline." in md
     assert "- precision as used: bf16; compile on; TF32 on" in md
-    assert "- hardware: 8 x NVIDIA A100-SXM4-40GB (cuda), micro-batch 12, gradient accumulation 1; torch 2.11.0+cu128, " \
-           "CUDA 12.8" in md
+    assert (
+        "- hardware: 8 x NVIDIA A100-SXM4-40GB (cuda), micro-batch 12, gradient accumulation 1; torch 2.11.0+cu128, "
+        "CUDA 12.8" in md
+    )
     assert "- code: gpt-norm-harness 0.1.0, commit dddddddddd; source sha256 cccccccccccc" in md
-    assert ("- data: tokenizer gpt2; train sha256 aaaaaaaaaaaa (1,000,000,000 tokens); val sha256 eeeeeeeeeeee "
-            "(10,000,000 tokens); test sha256 999999999999") in md
+    assert (
+        "- data: tokenizer gpt2; train sha256 aaaaaaaaaaaa (1,000,000,000 tokens); val sha256 eeeeeeeeeeee "
+        "(10,000,000 tokens); test sha256 999999999999"
+    ) in md
     assert "- weight decay 0.1 on every parameter, **norm parameters included**" in md
     without = compare(runs, tmp_path / "out2", which="best")  # no n_params in these summaries
     assert without["shared"]["optim.decay_norms_and_biases"] is True
 
 
 def test_decayed_norm_parameters_per_group(tmp_path):
-    counts = {"handrolled_layernorm": (163_047_936, 163_009_536), "pytorch_rmsnorm": (163_028_736, 163_009_536),
-              "no_norm": (163_009_536, 163_009_536)}
-    runs = [make_run(tmp_path, f"{n}-s0", n, 0, 3.6, summary={"n_params": t, "n_params_outside_norms": o})
-            for n, (t, o) in counts.items()]
+    counts = {
+        "handrolled_layernorm": (163_047_936, 163_009_536),
+        "pytorch_rmsnorm": (163_028_736, 163_009_536),
+        "no_norm": (163_009_536, 163_009_536),
+    }
+    runs = [
+        make_run(tmp_path, f"{n}-s0", n, 0, 3.6, summary={"n_params": t, "n_params_outside_norms": o})
+        for n, (t, o) in counts.items()
+    ]
     compare(runs, tmp_path / "out")
     md = (tmp_path / "out" / "comparison.md").read_text()
     assert "decayed norm parameters: handrolled_layernorm 38,400, pytorch_rmsnorm 19,200, no_norm 0" in md
-    off = [make_run(tmp_path / "off", f"{n}-s0", n, 0, 3.6, config={"optim": {"decay_norms_and_biases": False}},
-                    summary={"n_params": t, "n_params_outside_norms": o}) for n, (t, o) in counts.items()]
+    off = [
+        make_run(
+            tmp_path / "off",
+            f"{n}-s0",
+            n,
+            0,
+            3.6,
+            config={"optim": {"decay_norms_and_biases": False}},
+            summary={"n_params": t, "n_params_outside_norms": o},
+        )
+        for n, (t, o) in counts.items()
+    ]
     compare(off, tmp_path / "out")
-    assert "- weight decay 0.1 on weight matrices only: no norm parameter is decayed" in \
-        (tmp_path / "out" / "comparison.md").read_text()
+    assert (
+        "- weight decay 0.1 on weight matrices only: no norm parameter is decayed"
+        in (tmp_path / "out" / "comparison.md").read_text()
+    )
 
 
 def test_skipped_steps_are_shown_and_flagged(tmp_path):
@@ -443,7 +630,9 @@ def test_skipped_steps_are_shown_and_flagged(tmp_path):
     (tmp_path / "pt-s2" / "summary.json").write_text(json.dumps({**summary, "nonfinite_steps": 17}))
     result = compare(runs, tmp_path / "out")
     rows = {g["group"]: g for g in result["groups"]}
-    assert rows["pytorch_layernorm"]["skipped_steps"] == {"2": 17} and rows["handrolled_layernorm"]["skipped_steps"] == {}
+    assert (
+        rows["pytorch_layernorm"]["skipped_steps"] == {"2": 17} and rows["handrolled_layernorm"]["skipped_steps"] == {}
+    )
     assert [r["skipped_steps"] for r in rows["pytorch_layernorm"]["runs"]] == [0, 0, 17]
     md = (tmp_path / "out" / "comparison.md").read_text()
     assert "| skipped steps | status |" in md
@@ -455,7 +644,10 @@ def test_runs_without_a_fingerprint_are_compared_on_their_configs_and_named(tmp_
     runs += [make_run(tmp_path, f"hr-s{s}", "handrolled_layernorm", s, 3.6, segments=None) for s in range(2)]
     result = compare(runs, tmp_path / "out")
     assert result["without_fingerprint"] == ["old-s0", "old-s1", "hr-s0", "hr-s1"]
-    assert "- no fingerprint (trained before fingerprints were recorded" in (tmp_path / "out" / "comparison.md").read_text()
+    assert (
+        "- no fingerprint (trained before fingerprints were recorded"
+        in (tmp_path / "out" / "comparison.md").read_text()
+    )
     new = make_run(tmp_path, "new-s2", "pytorch_layernorm", 2, 3.57)
     with pytest.raises(UserError, match=r"train\.precision: auto \(old-s0, old-s1, hr-s0, hr-s1\); bf16 \(new-s2\)"):
         compare([*runs, new], tmp_path / "out")
@@ -463,11 +655,13 @@ def test_runs_without_a_fingerprint_are_compared_on_their_configs_and_named(tmp_
 
 # ------------------------------------------------------------ where the noise comes from
 
+
 def crossed_losses():
     """Test losses with known parts: 3.6 + init effect + data effect + interaction, 3 x 4 seeds."""
     init, data = np.array([0.010, -0.004, -0.006]), np.array([0.002, -0.001, 0.003, -0.004])
-    rest = np.array([[0.0010, -0.0005, 0.0002, -0.0007], [-0.0004, 0.0008, -0.0001, -0.0003],
-                     [-0.0006, -0.0003, -0.0001, 0.0010]])
+    rest = np.array(
+        [[0.0010, -0.0005, 0.0002, -0.0007], [-0.0004, 0.0008, -0.0001, -0.0003], [-0.0006, -0.0003, -0.0001, 0.0010]]
+    )
     return 3.6 + init[:, None] + data[None, :] + rest
 
 
@@ -483,8 +677,9 @@ def test_variance_components_match_a_hand_computation():
     cols = [sum(y[i][j] for i in range(n_i)) / n_i for j in range(n_j)]
     ms_init = n_j * sum((r - grand) ** 2 for r in rows) / (n_i - 1)
     ms_data = n_i * sum((c - grand) ** 2 for c in cols) / (n_j - 1)
-    ms_res = sum((y[i][j] - rows[i] - cols[j] + grand) ** 2 for i in range(n_i) for j in range(n_j)) \
-        / ((n_i - 1) * (n_j - 1))
+    ms_res = sum((y[i][j] - rows[i] - cols[j] + grand) ** 2 for i in range(n_i) for j in range(n_j)) / (
+        (n_i - 1) * (n_j - 1)
+    )
     v = stats.variance_components(y)
     c = v["components"]
     assert (v["n_init"], v["n_data"], v["mean"]) == (3, 4, pytest.approx(grand))
@@ -514,7 +709,7 @@ def test_variance_component_intervals_cover_at_their_level():
     truth = {"init": 1.0, "data": 0.25, "residual": 0.5}
     n = 1500
     for _ in range(n):
-        y = (rng.normal(0, 1.0, (3, 1)) + rng.normal(0, 0.5, (1, 4)) + rng.normal(0, math.sqrt(0.5), (3, 4)))
+        y = rng.normal(0, 1.0, (3, 1)) + rng.normal(0, 0.5, (1, 4)) + rng.normal(0, math.sqrt(0.5), (3, 4))
         c = stats.variance_components(y)["components"]
         for k in hits:
             hits[k] += c[k]["low"] <= truth[k] <= c[k]["high"]
@@ -523,10 +718,16 @@ def test_variance_component_intervals_cover_at_their_level():
 
 def test_compare_splits_the_noise_of_a_crossed_design(tmp_path):
     y = crossed_losses()
-    runs = [make_run(tmp_path, f"hr-i{i}-d{j}", "handrolled_layernorm", j, float(y[i, j]), init_seed=i)
-            for i in range(3) for j in range(4)]
-    runs += [make_run(tmp_path, f"pt-i{i}-d{j}", "pytorch_layernorm", j, float(y[i, j]) - 0.02, init_seed=i)
-             for i in range(3) for j in range(4)]
+    runs = [
+        make_run(tmp_path, f"hr-i{i}-d{j}", "handrolled_layernorm", j, float(y[i, j]), init_seed=i)
+        for i in range(3)
+        for j in range(4)
+    ]
+    runs += [
+        make_run(tmp_path, f"pt-i{i}-d{j}", "pytorch_layernorm", j, float(y[i, j]) - 0.02, init_seed=i)
+        for i in range(3)
+        for j in range(4)
+    ]
     result = compare(runs, tmp_path / "out")
     from gpt.analysis import stats
 
@@ -540,11 +741,16 @@ def test_compare_splits_the_noise_of_a_crossed_design(tmp_path):
     assert "## Where the noise comes from (crossed initialisation x data-order seeds)" in md
     assert "handrolled_layernorm: 3 initialisation seeds x 4 data-order seeds, test loss mean 3.600000" in md
     c = expected["components"]["init"]
-    assert (f"| initial weights (model.init_seed) | {c['sd']:.3g} | {c['variance']:.3g} | [{c['low']:.3g}, "
-            f"{c['high']:.3g}] | {c['share'] * 100:.0f}% |") in md
+    assert (
+        f"| initial weights (model.init_seed) | {c['sd']:.3g} | {c['variance']:.3g} | [{c['low']:.3g}, "
+        f"{c['high']:.3g}] | {c['share'] * 100:.0f}% |"
+    ) in md
     # a seed pair missing (it diverged): named, no split
-    (tmp_path / "hr-i2-d3" / "summary.json").write_text(json.dumps({"status": "diverged", "diverged_at_step": 9,
-                                                                   "segments": [SEGMENT]}))
+    (tmp_path / "hr-i2-d3" / "summary.json").write_text(
+        json.dumps({"status": "diverged", "diverged_at_step": 9, "segments": [SEGMENT]})
+    )
     compare(runs, tmp_path / "out")
-    assert "handrolled_layernorm: 3 initialisation seeds x 4 data-order seeds, incomplete: no evaluated run for " \
-           "init/data 2/3" in (tmp_path / "out" / "comparison.md").read_text()
+    assert (
+        "handrolled_layernorm: 3 initialisation seeds x 4 data-order seeds, incomplete: no evaluated run for "
+        "init/data 2/3" in (tmp_path / "out" / "comparison.md").read_text()
+    )

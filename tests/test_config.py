@@ -4,12 +4,10 @@ import dataclasses
 import math
 
 import pytest
-
-from gpt.config import (Config, ConfigError, config_from_dict, describe_fields, dump_config,
-                        load_config)
-from gpt.model.norms import NORM_TYPES
-
 from conftest import CONFIGS
+
+from gpt.config import Config, ConfigError, config_from_dict, describe_fields, dump_config, load_config
+from gpt.model.norms import NORM_TYPES
 
 SHIPPED = sorted(CONFIGS.glob("*.yaml"))
 
@@ -22,11 +20,15 @@ def write(tmp_path, name, text):
 
 @pytest.fixture
 def base(tmp_path):
-    return write(tmp_path, "base.yaml", """
+    return write(
+        tmp_path,
+        "base.yaml",
+        """
 run: {name: base}
 model: {d_model: 64, n_heads: 4, n_layers: 2, vocab_size: 300, context_length: 32}
 train: {steps: 10, micro_batch_size: 2, global_batch_size: 4}
-""")
+""",
+    )
 
 
 def error(path, overrides=()):
@@ -38,6 +40,7 @@ def error(path, overrides=()):
 
 
 # ------------------------------------------------------------------ shipped files
+
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
 def test_shipped_configs_load_and_round_trip(path, tmp_path):
@@ -53,8 +56,9 @@ def test_one_gpt2_small_file_per_norm_type_differing_only_in_norm():
         cfg = load_config(path)
         assert cfg.model.norm_type == norm_type
         assert cfg.run.name == path.stem
-        same = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, norm_type=base.model.norm_type),
-                                   run=base.run)
+        same = dataclasses.replace(
+            cfg, model=dataclasses.replace(cfg.model, norm_type=base.model.norm_type), run=base.run
+        )
         assert same == base, path.name
 
 
@@ -63,7 +67,13 @@ def test_gpt2_small_is_the_write_up_setup():
     m, o, t = cfg.model, cfg.optim, cfg.train
     assert (m.vocab_size, m.context_length, m.d_model, m.n_layers, m.n_heads) == (50257, 1024, 768, 12, 12)
     assert (m.qkv_bias, m.tie_weights, m.dropout, m.norm_eps, m.init) == (False, False, 0.0, 1e-5, "pytorch")
-    assert (o.lr, o.min_lr, o.warmup_frac, o.weight_decay, o.decay_norms_and_biases) == (1.4e-3, 1.4e-4, 0.05, 0.1, True)
+    assert (o.lr, o.min_lr, o.warmup_frac, o.weight_decay, o.decay_norms_and_biases) == (
+        1.4e-3,
+        1.4e-4,
+        0.05,
+        0.1,
+        True,
+    )
     assert o.grad_clip is None
     assert t.micro_batch_size == 12 and t.global_batch_size == 8 * 12
     assert t.global_batch_size * m.context_length == 98_304  # tokens per optimizer step
@@ -74,6 +84,7 @@ def test_gpt2_small_is_the_write_up_setup():
 
 
 # -------------------------------------------------------------- extends, overrides
+
 
 def test_extends_deep_merges_and_resolves_relative_paths(base, tmp_path, monkeypatch):
     sub = tmp_path / "sub"
@@ -88,8 +99,19 @@ def test_extends_deep_merges_and_resolves_relative_paths(base, tmp_path, monkeyp
 
 
 def test_set_overrides_parse_yaml_scalars(base):
-    cfg = load_config(base, ["model.norm_type=pytorch_rmsnorm", "optim.lr=1e-4", "optim.min_lr=1e-5", "model.qkv_bias=true",
-                             "optim.grad_clip=1.0", "train.seed=7", "log.tags=[a, b]", "data.path=null"])
+    cfg = load_config(
+        base,
+        [
+            "model.norm_type=pytorch_rmsnorm",
+            "optim.lr=1e-4",
+            "optim.min_lr=1e-5",
+            "model.qkv_bias=true",
+            "optim.grad_clip=1.0",
+            "train.seed=7",
+            "log.tags=[a, b]",
+            "data.path=null",
+        ],
+    )
     assert cfg.model.norm_type == "pytorch_rmsnorm"
     assert cfg.optim.lr == 1e-4 and isinstance(cfg.optim.lr, float)
     assert cfg.model.qkv_bias is True and cfg.optim.grad_clip == 1.0 and cfg.train.seed == 7
@@ -119,6 +141,7 @@ def test_derived_values(base):
 
 # --------------------------------------------------------------------------- errors
 
+
 def test_unknown_key_suggests_the_closest(base, tmp_path):
     path = write(tmp_path, "typo.yaml", "extends: base.yaml\nmodel: {nheads: 4}\n")
     msg = error(path)
@@ -134,7 +157,8 @@ def test_unknown_section(base):
 
 def test_unknown_key_from_set_names_set(base):
     assert error(base, ["model.norm_typ=dyt"]).startswith(
-        "--set: model.norm_typ: unknown key; did you mean 'model.norm_type'?")
+        "--set: model.norm_typ: unknown key; did you mean 'model.norm_type'?"
+    )
 
 
 def test_wrong_type_names_file_key_and_type(base, tmp_path):
@@ -151,8 +175,9 @@ def test_missing_required_value(tmp_path):
     msg = error(path)
     assert msg.startswith(f"{path}: run.name: missing required value")
     path = write(tmp_path, "nolength.yaml", "run: {name: x}\n")
-    assert error(path) == (f"{path}: train.steps: missing required value: set one of train.tokens, "
-                           "train.steps, train.tokens_per_param")
+    assert error(path) == (
+        f"{path}: train.steps: missing required value: set one of train.tokens, train.steps, train.tokens_per_param"
+    )
 
 
 def test_out_of_range_values(base, tmp_path):
@@ -160,15 +185,19 @@ def test_out_of_range_values(base, tmp_path):
     assert error(base, ["model.dropout=1.0"]) == "--set: model.dropout: 1.0 is out of range; allowed: < 1"
     assert error(base, ["optim.warmup_frac=1.5"]) == "--set: optim.warmup_frac: 1.5 is out of range; allowed: <= 1"
     path = write(tmp_path, "heads.yaml", "extends: base.yaml\nmodel: {n_heads: 5}\n")
-    assert error(path) == (f"{path}: model.n_heads: 5 does not divide model.d_model=64; "
-                           "choose n_heads that divides d_model")
+    assert error(path) == (
+        f"{path}: model.n_heads: 5 does not divide model.d_model=64; choose n_heads that divides d_model"
+    )
     assert error(base, ["optim.min_lr=0.01", "optim.lr=0.001"]).startswith(
-        "--set: optim.min_lr: 0.01 is above optim.lr=0.001")
+        "--set: optim.min_lr: 0.01 is above optim.lr=0.001"
+    )
     assert error(base, ["train.global_batch_size=5"]) == (
-        "--set: train.global_batch_size: 5 is not a multiple of train.micro_batch_size=2")
+        "--set: train.global_batch_size: 5 is not a multiple of train.micro_batch_size=2"
+    )
     assert error(base, ["train.tokens=1000"]) == (
         "--set: train.tokens: set only one of train.tokens, train.steps, train.tokens_per_param "
-        "(got train.tokens, train.steps; set the others to null)")
+        "(got train.tokens, train.steps; set the others to null)"
+    )
     assert load_config(base, ["train.tokens=1000", "train.steps=null"]).train.tokens == 1000
 
 
@@ -215,12 +244,16 @@ def test_config_from_dict_and_field_docs():
 def test_schedule_holes_and_infinite_numbers(base, tmp_path):
     assert error(base, ["optim.schedule=wsd", "optim.warmup_frac=0.5", "optim.decay_frac=0.6"]) == (
         "--set: optim.decay_frac: warmup_frac 0.5 + decay_frac 0.6 is more than the whole run: the decay would start "
-        "inside the warmup and the learning rate jump; keep their sum <= 1")
-    assert load_config(base, ["optim.schedule=wsd", "optim.warmup_frac=0.5", "optim.decay_frac=0.5"]).optim.schedule \
+        "inside the warmup and the learning rate jump; keep their sum <= 1"
+    )
+    assert (
+        load_config(base, ["optim.schedule=wsd", "optim.warmup_frac=0.5", "optim.decay_frac=0.5"]).optim.schedule
         == "wsd"
+    )
     assert error(base, ["optim.warmup_frac=1"]) == (
         "--set: optim.warmup_frac: 1 leaves no steps after warmup, so the learning rate never decays; choose a "
-        "fraction below 1 (the write-up: 0.05)")
+        "fraction below 1 (the write-up: 0.05)"
+    )
     path = write(tmp_path, "inf.yaml", "extends: base.yaml\noptim: {lr: .inf}\n")
     assert error(path) == f"{path}: optim.lr: inf is not a finite number"
     assert error(base, ["optim.weight_decay=.nan"]) == "--set: optim.weight_decay: nan is not a finite number"
@@ -241,5 +274,6 @@ def test_every_norm_type_trains_the_same_steps_and_tokens(monkeypatch):
         steps = cfg.total_steps(model.num_params(norms=False))
         lengths[norm_type] = (steps, steps * cfg.tokens_per_step)
         assert model.num_params() - model.num_params(norms=False) == sum(
-            p.numel() for n, p in model.named_parameters() if n in model.norm_parameter_names())
+            p.numel() for n, p in model.named_parameters() if n in model.norm_parameter_names()
+        )
     assert set(lengths.values()) == {(33_157, 3_259_465_728)}, lengths  # 20 x 162,971,136 tokens, rounded up

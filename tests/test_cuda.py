@@ -16,13 +16,13 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
+from synthetic import ROOT, no_sync_between_log_steps, write_token_set, write_train_yaml
 
+from gpt.analysis.mfu import peak_tflops
 from gpt.config import load_config
 from gpt.model.gpt import GPT
 from gpt.run.directory import find_checkpoint
-from gpt.analysis.mfu import peak_tflops
 from gpt.training.loop import Trainer, train
-from synthetic import ROOT, no_sync_between_log_steps, write_token_set, write_train_yaml
 
 try:
     import pytest
@@ -56,8 +56,10 @@ def cuda_yaml(tmp_path: Path, name: str = "run") -> Path:
 
 def run(tmp_path, name, *overrides, steps=8):
     """Train ``name`` for ``steps`` steps; its per-step losses and summary."""
-    cfg = load_config(cuda_yaml(tmp_path, name), [f"train.steps={steps}", f"train.eval_every={steps}",
-                                                  f"train.checkpoint_every={steps}", *overrides])
+    cfg = load_config(
+        cuda_yaml(tmp_path, name),
+        [f"train.steps={steps}", f"train.eval_every={steps}", f"train.checkpoint_every={steps}", *overrides],
+    )
     summary = train(cfg)
     assert summary["status"] == "completed", summary
     records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
@@ -78,11 +80,13 @@ def test_mixed_precision_trains_on_the_gpu(tmp_path):
 
 def test_every_fast_path_option_computes_the_same_function_on_the_gpu(tmp_path):
     plain, _ = run(tmp_path, "plain", *PLAIN)
-    for name, option, rel in [("prefetch", "train.prefetch=true", 0.0),  # pinned, read ahead: the same batches
-                              ("tf32", "train.tf32=true", 1e-2),
-                              ("padded", "model.vocab_pad_multiple=96", 1e-4),
-                              ("bf16", "train.precision=bf16", 3e-2),
-                              ("compiled", "train.compile=true", 1e-3)]:
+    for name, option, rel in [
+        ("prefetch", "train.prefetch=true", 0.0),  # pinned, read ahead: the same batches
+        ("tf32", "train.tf32=true", 1e-2),
+        ("padded", "model.vocab_pad_multiple=96", 1e-4),
+        ("bf16", "train.precision=bf16", 3e-2),
+        ("compiled", "train.compile=true", 1e-3),
+    ]:
         losses, summary = run(tmp_path, name, *PLAIN, option)
         assert close(losses, plain, rel), (name, losses, plain)
     # compiled; its first step timed apart (how long it took depends on inductor's warm disk caches)
@@ -97,6 +101,7 @@ def test_the_default_fast_path_on_the_gpu(tmp_path):
 
 def test_flash_attention_takes_the_bf16_step():
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
     cfg = load_config(ROOT / "configs" / "tiny.yaml").model  # head size 32
     model = GPT(cfg).cuda()
     idx = torch.randint(0, cfg.vocab_size, (4, cfg.context_length), device="cuda")
@@ -124,6 +129,7 @@ def test_exact_resume_on_the_gpu(tmp_path):
 def split_first(cfg) -> None:
     """Train the first 10 of the config's 20 steps and stop on SIGTERM, as a preempted run would."""
     import signal
+
     original = Trainer.train_step
 
     def train_step(self):
@@ -146,20 +152,48 @@ def test_no_step_waits_for_the_gpu_between_log_steps(tmp_path):
     # Every CUDA synchronisation outside the named log / validation / checkpoint work raises.
     with no_sync_between_log_steps():
         for precision in ("bf16", "fp16"):
-            run(tmp_path, precision, f"train.precision={precision}", "train.compile=false", "log.log_every=5",
-                "optim.grad_clip=1.0", steps=12)
+            run(
+                tmp_path,
+                precision,
+                f"train.precision={precision}",
+                "train.compile=false",
+                "log.log_every=5",
+                "optim.grad_clip=1.0",
+                steps=12,
+            )
 
 
 def test_nccl_ddp_on_two_gpus_equals_one_process(tmp_path):
     if torch.cuda.device_count() < 2:
         skip(f"needs 2 GPUs, torch sees {torch.cuda.device_count()}")
     results = {}
-    for name, launcher in [("one", [sys.executable, str(ROOT / "train.py")]),
-                           ("two", [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                    "--nproc_per_node=2", str(ROOT / "train.py")])]:
-        out = subprocess.run([*launcher, str(cuda_yaml(tmp_path, name)), "--set", "train.steps=12",
-                              *[a for o in PLAIN for a in ("--set", o)]], capture_output=True, text=True, env=ENV,
-                             timeout=600)
+    for name, launcher in [
+        ("one", [sys.executable, str(ROOT / "train.py")]),
+        (
+            "two",
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node=2",
+                str(ROOT / "train.py"),
+            ],
+        ),
+    ]:
+        out = subprocess.run(
+            [
+                *launcher,
+                str(cuda_yaml(tmp_path, name)),
+                "--set",
+                "train.steps=12",
+                *[a for o in PLAIN for a in ("--set", o)],
+            ],
+            capture_output=True,
+            text=True,
+            env=ENV,
+            timeout=600,
+        )
         assert out.returncode == 0, out.stderr[-3000:]
         losses = [json.loads(x)["train_loss"] for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         results[name] = losses, load_file(str(find_checkpoint(tmp_path / name) / "model.safetensors"))
@@ -170,8 +204,13 @@ def test_nccl_ddp_on_two_gpus_equals_one_process(tmp_path):
 
 
 def test_find_micro_batch_on_the_gpu(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "train.py"), str(cuda_yaml(tmp_path)), "--find-micro-batch"],
-                         capture_output=True, text=True, env=ENV, timeout=600)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), str(cuda_yaml(tmp_path)), "--find-micro-batch"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "largest micro-batch that fits on " in out.stdout
     assert ": 8 sequences of 32 tokens (the search stops at train.global_batch_size)" in out.stdout
@@ -179,15 +218,37 @@ def test_find_micro_batch_on_the_gpu(tmp_path):
 
 
 def test_bench_on_the_gpu(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), str(cuda_yaml(tmp_path)), "--json",
-                          "--data", "synthetic", "--compile", "both", "--steps", "3", "--warmup", "1",
-                          "--norm-types", "handrolled_layernorm", "pytorch_layernorm"],
-                         capture_output=True, text=True, env=ENV, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "bench.py"),
+            str(cuda_yaml(tmp_path)),
+            "--json",
+            "--data",
+            "synthetic",
+            "--compile",
+            "both",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--norm-types",
+            "handrolled_layernorm",
+            "pytorch_layernorm",
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     assert [(r["norm_type"], r["compile"]) for r in rows] == [
-        ("handrolled_layernorm", False), ("pytorch_layernorm", False),
-        ("handrolled_layernorm", True), ("pytorch_layernorm", True)]
+        ("handrolled_layernorm", False),
+        ("pytorch_layernorm", False),
+        ("handrolled_layernorm", True),
+        ("pytorch_layernorm", True),
+    ]
     for r in rows:
         assert (r["mfu"] is None) == (peak_tflops(r["device"]) is None)
         assert r["peak_memory_bytes"] > 0 and (r["compile_s"] is not None) == r["compile"]
@@ -200,8 +261,11 @@ def main(names: list[str]) -> int:
         print(f"skipped: {NO_GPU}")
         return 0
     failed = 0
-    chosen = [(n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)
-              and (not names or any(part in n for part in names))]
+    chosen = [
+        (n, f)
+        for n, f in globals().items()
+        if n.startswith("test_") and callable(f) and (not names or any(part in n for part in names))
+    ]
     for name, fn in chosen:
         with tempfile.TemporaryDirectory() as tmp:
             try:

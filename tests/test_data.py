@@ -8,12 +8,11 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT, write_meta
 from safetensors.numpy import save_file
 
 from gpt.config import ConfigError, config_from_dict
 from gpt.data.tokens import DataError, TokenFile, TrainBatches, open_split, resolve_data_dir
-
-from conftest import ROOT, write_meta
 
 
 @pytest.fixture
@@ -50,7 +49,9 @@ def test_authors_safetensors_layout(tmp_path):
     assert open_split(tmp_path, "train").read(0, 100).tolist() == tokens[:100].tolist()
     batches = TrainBatches(f, seq_len=10, micro_batch=3, global_batch=3, shuffle=False)
     x, y = batches.batches(1)[0]
-    assert x.dtype == torch.int64 and x[0].tolist() == tokens[30:40].tolist() and y[0].tolist() == tokens[31:41].tolist()
+    assert (
+        x.dtype == torch.int64 and x[0].tolist() == tokens[30:40].tolist() and y[0].tolist() == tokens[31:41].tolist()
+    )
     save_file({"ids": tokens}, str(tmp_path / "other.safetensors"))
     with pytest.raises(DataError, match=r"other.safetensors: no 'tokens' tensor \(holds: ids\)"):
         TokenFile(tmp_path / "other.safetensors")
@@ -59,7 +60,9 @@ def test_authors_safetensors_layout(tmp_path):
 def test_missing_split_and_folder(token_dir, tmp_path):
     with pytest.raises(DataError, match=r"no split 'test' \(test.bin or test.safetensors\); splits here: train, val$"):
         open_split(token_dir, "test")
-    with pytest.raises(DataError, match=r"nowhere: no such data directory \(prepare one with scripts/prepare_data.py\)"):
+    with pytest.raises(
+        DataError, match=r"nowhere: no such data directory \(prepare one with scripts/prepare_data.py\)"
+    ):
         open_split(tmp_path / "nowhere", "train")
     (tmp_path / "odd.bin").write_bytes(b"\x00\x01\x02")
     with pytest.raises(DataError, match=r"odd.bin: 3 bytes is not a whole number of uint16 tokens"):
@@ -121,8 +124,10 @@ def test_capacity_is_checked_before_training(token_dir):
     r.check_capacity(12)
     with pytest.raises(DataError) as e:
         r.check_capacity(13)
-    assert str(e.value) == (f"{token_dir / 'train.bin'}: 10,000 tokens are 12 steps of 8 x 100 tokens, "
-                            "but the run asks for 13 steps (10,400 tokens); use a larger data set or fewer tokens")
+    assert str(e.value) == (
+        f"{token_dir / 'train.bin'}: 10,000 tokens are 12 steps of 8 x 100 tokens, "
+        "but the run asks for 13 steps (10,400 tokens); use a larger data set or fewer tokens"
+    )
     assert r.token_range() == (0, 9_901)
 
 
@@ -146,11 +151,23 @@ def test_hub_repo_resolves_through_the_local_cache(tmp_path, monkeypatch):
 
 def test_data_config_ranges():
     base = {"run": {"name": "x"}, "train": {"steps": 1}}
-    authors = config_from_dict({**base, "data": {"hub_repo": "u/d", "val_split": "validation",
-                                                 "test_split": "validation", "test_offset": 50_000_000}})
+    authors = config_from_dict(
+        {
+            **base,
+            "data": {
+                "hub_repo": "u/d",
+                "val_split": "validation",
+                "test_split": "validation",
+                "test_offset": 50_000_000,
+            },
+        }
+    )
     assert authors.data.val_tokens <= 50_000_000
-    with pytest.raises(ConfigError, match=r"data.test_offset: the test range \[0, inf\) of split 'validation' "
-                                          r"overlaps the validation range \[0, 4,194,304\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"data.test_offset: the test range \[0, inf\) of split 'validation' "
+        r"overlaps the validation range \[0, 4,194,304\)",
+    ):
         config_from_dict({**base, "data": {"val_split": "validation", "test_split": "validation"}})
     with pytest.raises(ConfigError, match="data.train_split: 'test' is also the validation or test split"):
         config_from_dict({**base, "data": {"train_split": "test"}})

@@ -4,10 +4,9 @@ import subprocess
 import sys
 
 import pytest
+from conftest import CONFIGS, ROOT
 
 from gpt.config import load_config
-
-from conftest import CONFIGS, ROOT
 
 
 def run(*args, cwd=ROOT):
@@ -47,9 +46,20 @@ def test_help_config_lists_every_section():
 @pytest.mark.slow
 def test_demo_runs_the_whole_path(train_yaml, tmp_path):
     cfg = train_yaml("demo")
-    cfg.write_text(cfg.read_text().replace("steps: 20", "steps: 4").replace("data: {path:", "data: {test_tokens: 2048, path:"))
-    out = run(ROOT / "scripts" / "demo.py", "--config", cfg, "--norm-types", "handrolled_layernorm",
-              "pytorch_rmsnorm", "--runs-dir", tmp_path / "runs", cwd=tmp_path)
+    cfg.write_text(
+        cfg.read_text().replace("steps: 20", "steps: 4").replace("data: {path:", "data: {test_tokens: 2048, path:")
+    )
+    out = run(
+        ROOT / "scripts" / "demo.py",
+        "--config",
+        cfg,
+        "--norm-types",
+        "handrolled_layernorm",
+        "pytorch_rmsnorm",
+        "--runs-dir",
+        tmp_path / "runs",
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     table = [line for line in out.stdout.splitlines() if line.startswith("| ")]
     assert table[1].startswith("| handrolled_layernorm | 1 (0) | ") and "| baseline |" in table[1]
@@ -60,8 +70,8 @@ def test_demo_runs_the_whole_path(train_yaml, tmp_path):
 
 
 def test_demo_runs_the_write_up_pair_with_three_seeds(tmp_path):
-    from gpt.commands.demo import pair_seeds
     from gpt.analysis.experiment import plan
+    from gpt.commands.demo import pair_seeds
     from gpt.model.norms import NORM_TYPES
 
     everything = list(NORM_TYPES)

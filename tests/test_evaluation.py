@@ -9,18 +9,17 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT
 
-from gpt.config import load_config
-from gpt.run.distributed import Dist
-from gpt.evaluation.test_loss import EvalOptions, RangeOverride, evaluate_checkpoint
-from gpt.data.tokens import TokenFile, TokenRange
 from gpt.common.errors import UserError
+from gpt.config import load_config
+from gpt.data.tokens import TokenFile, TokenRange
+from gpt.evaluation.test_loss import EvalOptions, RangeOverride, evaluate_checkpoint
+from gpt.evaluation.token_loss import evaluate_loss
 from gpt.model.gpt import GPT
 from gpt.run.directory import find_checkpoint, resolve_which
-from gpt.evaluation.token_loss import evaluate_loss
+from gpt.run.distributed import Dist
 from gpt.training.loop import train
-
-from conftest import ROOT
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 QUIET = EvalOptions(show_progress=False)
@@ -35,10 +34,11 @@ def run_eval(*args, launcher=None):
 def trained(tmp_path_factory, token_set):
     """One finished tiny run (module-wide: several tests evaluate it)."""
     from conftest import VOCAB
+
     folder = tmp_path_factory.mktemp("evalrun")
     path = folder / "cfg.yaml"
     path.write_text(f"""
-run: {{name: evalrun, dir: {folder / 'run'}, device: cpu}}
+run: {{name: evalrun, dir: {folder / "run"}, device: cpu}}
 model: {{vocab_size: {VOCAB}, context_length: 32, d_model: 32, n_layers: 2, n_heads: 2}}
 data: {{path: {token_set}, val_tokens: 2048, test_tokens: 5000}}
 train: {{steps: 8, micro_batch_size: 4, global_batch_size: 8, eval_every: 8, checkpoint_every: 8}}
@@ -59,7 +59,7 @@ def test_loss_matches_a_hand_computation(tiny_model_cfg, tmp_path):
     total, count = 0.0, 0
     with torch.no_grad():
         for i in range((n_tokens - 1) // T):
-            seq = torch.tensor(tokens[offset + i * T: offset + i * T + T + 1].astype(np.int64))
+            seq = torch.tensor(tokens[offset + i * T : offset + i * T + T + 1].astype(np.int64))
             logits = model(seq[None, :-1])[0][0].double()
             for pos in range(T):  # -log softmax of the true next token, one by one
                 total += (torch.logsumexp(logits[pos], 0) - logits[pos, seq[pos + 1]]).item()
@@ -70,8 +70,12 @@ def test_loss_matches_a_hand_computation(tiny_model_cfg, tmp_path):
 
 def test_repeat_and_world_sizes_agree_exactly(trained, tmp_path):
     first = run_eval(trained, "--json", tmp_path / "a.json")
-    ddp = run_eval(trained, "--json", tmp_path / "c.json", launcher=[sys.executable, "-m", "torch.distributed.run",
-                                                                     "--standalone", "--nproc_per_node=2"])
+    ddp = run_eval(
+        trained,
+        "--json",
+        tmp_path / "c.json",
+        launcher=[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"],
+    )
     for out in (first, ddp):
         assert out.returncode == 0, out.stderr[-2000:]
     a, c = (json.loads((tmp_path / f"{x}.json").read_text())[0] for x in "ac")
@@ -92,9 +96,11 @@ def test_repeat_and_world_sizes_agree_exactly(trained, tmp_path):
 
 def test_range_is_disjoint_from_what_training_read(trained):
     summary = json.loads((trained / "summary.json").read_text())
-    result = json.loads((find_checkpoint(trained) / "eval-test-fp32.json").read_text()) \
-        if (find_checkpoint(trained) / "eval-test-fp32.json").is_file() \
+    result = (
+        json.loads((find_checkpoint(trained) / "eval-test-fp32.json").read_text())
+        if (find_checkpoint(trained) / "eval-test-fp32.json").is_file()
         else evaluate_checkpoint(find_checkpoint(trained), Dist(), QUIET)
+    )
     start, end = result["range"]
     for split, lo, hi in (summary["train_token_range"], summary["val_token_range"]):
         assert split != result["split"] or end <= lo or hi <= start
@@ -102,8 +108,9 @@ def test_range_is_disjoint_from_what_training_read(trained):
         evaluate_checkpoint(find_checkpoint(trained), Dist(), QUIET, RangeOverride(split="train"))
     with pytest.raises(UserError, match=r"overlaps the tokens run read for val: val \[0, 2,048\)"):
         evaluate_checkpoint(find_checkpoint(trained), Dist(), QUIET, RangeOverride(split="val", offset=1000))
-    ok = evaluate_checkpoint(find_checkpoint(trained), Dist(), QUIET,
-                             RangeOverride(split="val", offset=2048, n_tokens=2000), write=False)
+    ok = evaluate_checkpoint(
+        find_checkpoint(trained), Dist(), QUIET, RangeOverride(split="val", offset=2048, n_tokens=2000), write=False
+    )
     assert ok["range"] == [2048, 4048]
 
 
@@ -137,12 +144,17 @@ def test_hf_gpt2_is_scored_on_the_same_tokens(tmp_path, token_set):
     torch.manual_seed(0)
     hf = GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=32, n_embd=32, n_layer=2, n_head=2)).eval()
     hf.save_pretrained(tmp_path / "hf-tiny")
-    result = evaluate_hf(str(tmp_path / "hf-tiny"), Dist(), None, EvalOptions("fp32", 4, show_progress=False),
-                         RangeOverride(data=str(token_set), split="test", n_tokens=1000))
+    result = evaluate_hf(
+        str(tmp_path / "hf-tiny"),
+        Dist(),
+        None,
+        EvalOptions("fp32", 4, show_progress=False),
+        RangeOverride(data=str(token_set), split="test", n_tokens=1000),
+    )
     assert result["run"] == f"hf:{tmp_path / 'hf-tiny'}" and result["tokens"] == (1000 - 1) // 32 * 32
     tokens = np.fromfile(token_set / "test.bin", dtype=np.uint16)[:1000].astype(np.int64)
     n_seq = (1000 - 1) // 32
-    seqs = torch.tensor(np.stack([tokens[i * 32: i * 32 + 33] for i in range(n_seq)]))
+    seqs = torch.tensor(np.stack([tokens[i * 32 : i * 32 + 33] for i in range(n_seq)]))
     with torch.no_grad():  # transformers' own forward pass
         logits = hf(seqs[:, :-1]).logits
     expected = torch.nn.functional.cross_entropy(logits.flatten(0, 1).double(), seqs[:, 1:].flatten()).item()

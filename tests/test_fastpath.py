@@ -12,13 +12,12 @@ import torch
 
 from gpt.config import load_config
 from gpt.run.fastpath import resolve
-from gpt.training.monitors import Throughput
 from gpt.training.loop import train
+from gpt.training.monitors import Throughput
 
 
 def losses(train_yaml, tmp_path, name, *overrides):
-    cfg = load_config(train_yaml(name), ["train.steps=8", "train.eval_every=8", "train.checkpoint_every=8",
-                                         *overrides])
+    cfg = load_config(train_yaml(name), ["train.steps=8", "train.eval_every=8", "train.checkpoint_every=8", *overrides])
     summary = train(cfg)
     assert summary["status"] == "completed"
     records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
@@ -29,7 +28,8 @@ def losses(train_yaml, tmp_path, name, *overrides):
 def test_the_fast_path_on_the_cpu_skips_the_gpu_only_options():
     t = load_config_train(precision="auto", compile=None)
     assert resolve(t, torch.device("cpu")) == type(resolve(t, torch.device("cpu")))(
-        precision="fp32", compile=False, tf32=False, prefetch=True, pin_memory=False)
+        precision="fp32", compile=False, tf32=False, prefetch=True, pin_memory=False
+    )
 
 
 def test_the_fast_path_on_a_gpu_turns_every_option_on(monkeypatch):
@@ -44,6 +44,7 @@ def test_the_fast_path_on_a_gpu_turns_every_option_on(monkeypatch):
 
 def load_config_train(**train):
     from gpt.config import TrainConfig
+
     return TrainConfig(steps=1, **train)
 
 

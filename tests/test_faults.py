@@ -16,29 +16,36 @@ import time
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT, VOCAB, write_meta, write_token_set
 from safetensors.torch import load_file
 
-from gpt.run.checkpoints import CheckpointError
+from gpt.common.errors import UserError, os_reason
 from gpt.config import ConfigError, load_config
 from gpt.data.tokens import DataError
-from gpt.common.errors import UserError, os_reason
+from gpt.run.checkpoints import CheckpointError
 from gpt.run.directory import RunDir, find_checkpoint
 from gpt.training.loop import train
-
-from conftest import ROOT, VOCAB, write_meta, write_token_set
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def run_cli(*args, cwd=None, preexec_fn=None, env=None):
-    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, timeout=600, cwd=cwd,
-                          env={**ENV, **(env or {})}, preexec_fn=preexec_fn)
+    return subprocess.run(
+        [sys.executable, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=cwd,
+        env={**ENV, **(env or {})},
+        preexec_fn=preexec_fn,
+    )
 
 
 def one_line_error(out, *fragments):
     assert out.returncode == 2, out.stderr[-2000:]
-    assert "Traceback" not in out.stderr and out.stderr.startswith("error: ") and out.stderr.count("\n") == 1, \
+    assert "Traceback" not in out.stderr and out.stderr.startswith("error: ") and out.stderr.count("\n") == 1, (
         out.stderr
+    )
     for fragment in fragments:
         assert fragment in out.stderr, out.stderr
 
@@ -72,6 +79,7 @@ def rewind_to_step_10(run_dir):
 
 # ------------------------------------------------------------------------ one run per directory
 
+
 def running_pid(summary_file):
     try:
         summary = json.loads(summary_file.read_text())
@@ -85,8 +93,9 @@ def test_two_trainers_on_one_run_directory(train_yaml, tmp_path):
     cfg = train_yaml("busy")
     cfg.write_text(cfg.read_text().replace("steps: 20", "steps: 700").replace("log_every: 1", "log_every: 100"))
     start = [sys.executable, str(ROOT / "train.py"), str(cfg), "--resume", "auto"]
-    procs = [subprocess.Popen(start, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(start, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)
+    ]
     deadline = time.time() + 120
     while time.time() < deadline and all(p.poll() is None for p in procs):
         time.sleep(0.1)
@@ -118,6 +127,7 @@ def test_a_second_trainer_between_the_holders_lock_and_its_pid_still_names_it(tm
     # between waits for the name instead of reporting "PID unknown" (a race CI once hit).
     import fcntl
     import threading
+
     run = RunDir(tmp_path / "race")
     run.path.mkdir()
     fd = os.open(run.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
@@ -125,8 +135,10 @@ def test_a_second_trainer_between_the_holders_lock_and_its_pid_still_names_it(tm
     threading.Timer(0.2, os.pwrite, (fd, b"4242 on elsewhere\n", 0)).start()
     with pytest.raises(UserError) as err:
         run.lock()
-    assert str(err.value) == (f"{run.path} is in use by another trainer (PID 4242 on elsewhere); wait for it to "
-                              "end or stop it, or choose another run.name")
+    assert str(err.value) == (
+        f"{run.path} is in use by another trainer (PID 4242 on elsewhere); wait for it to "
+        "end or stop it, or choose another run.name"
+    )
     os.close(fd)
 
 
@@ -135,8 +147,16 @@ def test_a_run_name_is_one_folder_name(train_yaml, tmp_path, name):
     runs = tmp_path / "runs"
     (runs / "other").mkdir(parents=True)
     (runs / "other" / "metrics.jsonl").write_text("{}\n")
-    out = run_cli(ROOT / "train.py", train_yaml(), "--set", f"run.name={name!r}", "--set", "run.dir=null",
-                  "--overwrite", cwd=tmp_path)
+    out = run_cli(
+        ROOT / "train.py",
+        train_yaml(),
+        "--set",
+        f"run.name={name!r}",
+        "--set",
+        "run.dir=null",
+        "--overwrite",
+        cwd=tmp_path,
+    )
     one_line_error(out, f"run.name: {name!r} is not a run name: one non-empty folder name")
     assert sorted(p.name for p in runs.iterdir()) == ["other"]  # nothing moved aside
     with pytest.raises(ConfigError, match="run.dir: empty"):
@@ -148,8 +168,9 @@ def test_the_running_mark(train_yaml, tmp_path, monkeypatch):
 
     seen = []
     validate = trainer.Trainer.validate
-    monkeypatch.setattr(trainer.Trainer, "validate",
-                        lambda self, record: seen.append(self.run.summary()) or validate(self, record))
+    monkeypatch.setattr(
+        trainer.Trainer, "validate", lambda self, record: seen.append(self.run.summary()) or validate(self, record)
+    )
     train(load_config(train_yaml()))
     assert seen[0]["status"] == "running" and seen[0]["pid"] == os.getpid()
     assert seen[0]["train_token_range"][0] == "train" and seen[0]["val_token_range"] == ["val", 0, 2048]
@@ -162,8 +183,8 @@ def test_the_running_mark(train_yaml, tmp_path, monkeypatch):
 
 def test_evaluating_a_checkpoint_that_is_pruned_meanwhile(finished, monkeypatch, capsys):
     from gpt.evaluation import test_loss as evaluation
-    from gpt.run.distributed import Dist
     from gpt.evaluation.test_loss import EvalOptions, evaluate_checkpoint
+    from gpt.run.distributed import Dist
 
     ckpt = finished / "checkpoints" / "step-00000010"
     score = evaluation.evaluate_model
@@ -185,6 +206,7 @@ def test_evaluating_a_checkpoint_that_is_pruned_meanwhile(finished, monkeypatch,
 
 # ---------------------------------------------------------------------- torn and damaged files
 
+
 def test_torn_metrics_line_resumes_to_the_same_model(finished, train_yaml, tmp_path, capsys):
     torn = tmp_path / "torn"
     shutil.copytree(finished, torn)
@@ -194,14 +216,25 @@ def test_torn_metrics_line_resumes_to_the_same_model(finished, train_yaml, tmp_p
     summary = train(load_config(train_yaml("done"), [f"run.dir={torn}"]), resume="auto")
     assert summary["status"] == "completed"
     assert same_weights(weights(finished), weights(torn))
-    assert [json.loads(line)["step"] for line in (torn / "metrics.jsonl").read_text().splitlines()] == \
-        list(range(1, 21))
-    assert "metrics.jsonl: dropped unparsable line(s) 11 (a kill or a full disk cut them short)" in \
-        capsys.readouterr().err
+    assert [json.loads(line)["step"] for line in (torn / "metrics.jsonl").read_text().splitlines()] == list(
+        range(1, 21)
+    )
+    assert (
+        "metrics.jsonl: dropped unparsable line(s) 11 (a kill or a full disk cut them short)" in capsys.readouterr().err
+    )
 
 
-@pytest.mark.parametrize("damage", ["truncated weights", "corrupt state", "missing state", "binary latest",
-                                    "latest names a missing step", "latest escapes the run"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "truncated weights",
+        "corrupt state",
+        "missing state",
+        "binary latest",
+        "latest names a missing step",
+        "latest escapes the run",
+    ],
+)
 def test_resume_auto_falls_back_past_a_damaged_checkpoint(finished, train_yaml, tmp_path, capsys, damage):
     run = tmp_path / "damaged"
     shutil.copytree(finished, run)
@@ -214,7 +247,7 @@ def test_resume_auto_falls_back_past_a_damaged_checkpoint(finished, train_yaml, 
         why = "skipped checkpoint step-00000020: model.safetensors is truncated ("
     elif damage == "corrupt state":
         data = bytearray((newest / "state.pt").read_bytes())
-        data[len(data) // 2: len(data) // 2 + 64] = b"\xff" * 64
+        data[len(data) // 2 : len(data) // 2 + 64] = b"\xff" * 64
         (newest / "state.pt").write_bytes(bytes(data))
         why = "skipped checkpoint step-00000020: state.pt is damaged ("
     elif damage == "missing state":
@@ -245,8 +278,11 @@ def test_explicit_resume_of_a_damaged_checkpoint_is_one_line(finished, train_yam
     (target / "model.safetensors").write_bytes(data[:-100])
     before = files_of(finished)
     out = run_cli(ROOT / "train.py", train_yaml("done"), "--resume", target, "--set", f"run.dir={tmp_path / 'new'}")
-    one_line_error(out, f"{target}: cannot resume from it: model.safetensors is truncated (",
-                   "choose another checkpoint (--resume auto takes the newest one that loads)")
+    one_line_error(
+        out,
+        f"{target}: cannot resume from it: model.safetensors is truncated (",
+        "choose another checkpoint (--resume auto takes the newest one that loads)",
+    )
     assert files_of(finished) == before and not (tmp_path / "new").exists()
     out = run_cli(ROOT / "evaluate.py", target, "--quiet")  # loading it for evaluation: one line too
     one_line_error(out, f"{target / 'model.safetensors'}: cannot load (")
@@ -269,12 +305,16 @@ def test_an_interrupted_same_step_replacement_is_recovered(finished, train_yaml,
 
 def test_missing_latest_target_names_the_fix(finished):
     shutil.rmtree(finished / "checkpoints" / "step-00000020")
-    with pytest.raises(CheckpointError, match=r"latest names step-00000020, which is missing or incomplete; give a "
-                                              r"checkpoint folder instead \(checkpoints there: step-00000010\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"latest names step-00000020, which is missing or incomplete; give a "
+        r"checkpoint folder instead \(checkpoints there: step-00000010\)",
+    ):
         find_checkpoint(finished)
 
 
 # ----------------------------------------------------------------------------- write failures
+
 
 def limit_file_size(limit):
     return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
@@ -327,11 +367,15 @@ def test_os_reason_reads_library_messages():
 
 # ---------------------------------------------------------------------------- foreign data
 
+
 def test_token_ids_beyond_the_vocabulary(train_yaml, tmp_path):
     data = write_token_set(tmp_path / "big", n_train=20_000, n_val=4_000, n_test=4_000)
     write_meta(data, 50257)  # a GPT-2 set for a 256-token model
-    with pytest.raises(DataError, match=r"big: its tokenizer \(synthetic\) has 50,257 tokens, more than "
-                                        r"model.vocab_size 256"):
+    with pytest.raises(
+        DataError,
+        match=r"big: its tokenizer \(synthetic\) has 50,257 tokens, more than "
+        r"model.vocab_size 256",
+    ):
         train(load_config(train_yaml(), [f"data.path={data}"]))
     write_meta(data, VOCAB)  # the record says 256, but the validation split holds a larger id
     val = np.fromfile(data / "val.bin", dtype=np.uint16)
@@ -363,9 +407,11 @@ def test_malformed_files_are_one_line(train_yaml, tmp_path, token_set, finished,
 
     data = tmp_path / "data"
     shutil.copytree(token_set, data)
-    for meta, said in (([1, 2], "a JSON list, not the object prepare_data writes"),
-                       ({"dtype": "float7"}, "dtype 'float7' is not a token dtype"),
-                       ("{not json", "not valid JSON")):
+    for meta, said in (
+        ([1, 2], "a JSON list, not the object prepare_data writes"),
+        ({"dtype": "float7"}, "dtype 'float7' is not a token dtype"),
+        ("{not json", "not valid JSON"),
+    ):
         (data / "meta.json").write_text(meta if isinstance(meta, str) else json.dumps(meta))
         one_line_error(command(capsys, train_cli, train_yaml("m"), "--set", f"data.path={data}"), said)
     utf16 = tmp_path / "utf16.yaml"
@@ -382,11 +428,12 @@ def test_malformed_files_are_one_line(train_yaml, tmp_path, token_set, finished,
     assert command(capsys, evaluate, finished, "--quiet").returncode == 0
     ckpt = finished / "checkpoints" / "step-00000020"
     before = files_of(finished)
-    for path, what, args in ((finished / "summary.json", "summary", (evaluate, finished, "--quiet")),
-                             (finished / "summary.json", "summary", (compare, finished, "--out", tmp_path / "c")),
-                             (ckpt / "eval-test-fp32.json", "evaluation result", (compare, finished, "--out",
-                                                                                  tmp_path / "c")),
-                             (finished / "config.yaml", "config", (compare, finished, "--out", tmp_path / "c"))):
+    for path, what, args in (
+        (finished / "summary.json", "summary", (evaluate, finished, "--quiet")),
+        (finished / "summary.json", "summary", (compare, finished, "--out", tmp_path / "c")),
+        (ckpt / "eval-test-fp32.json", "evaluation result", (compare, finished, "--out", tmp_path / "c")),
+        (finished / "config.yaml", "config", (compare, finished, "--out", tmp_path / "c")),
+    ):
         original = path.read_bytes()
         path.write_bytes(b"\x00garbled: [")
         one_line_error(command(capsys, *args), f"{path}: damaged {what}")
@@ -403,9 +450,11 @@ def test_preparation_faults_name_the_real_cause(tmp_path, capsys):
     (tmp_path / "binary.txt").write_bytes(bytes(range(256)) * 8)
     (tmp_path / "latin.txt").write_bytes("café au lait\n".encode("latin-1"))
     (tmp_path / "bad.jsonl").write_text('{"text": "a"}\n{"text": "b"\n')
-    for name, said in (("binary.txt", "cannot read as text: UnicodeDecodeError: 'utf-8' codec can't decode byte"),
-                       ("latin.txt", "cannot read as text: UnicodeDecodeError: 'utf-8' codec can't decode byte 0xe9"),
-                       ("bad.jsonl", "cannot read as json: ArrowInvalid: JSON parse error")):
+    for name, said in (
+        ("binary.txt", "cannot read as text: UnicodeDecodeError: 'utf-8' codec can't decode byte"),
+        ("latin.txt", "cannot read as text: UnicodeDecodeError: 'utf-8' codec can't decode byte 0xe9"),
+        ("bad.jsonl", "cannot read as json: ArrowInvalid: JSON parse error"),
+    ):
         assert main([str(tmp_path / name), "--out", str(tmp_path / "out"), "--quiet"]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"error: {tmp_path / name}: {said}") and err.count("\n") == 1, err
@@ -415,10 +464,26 @@ def test_preparation_faults_name_the_real_cause(tmp_path, capsys):
     (abandoned / "train.bin").write_bytes(b"\x00\x01" * 100)
     with pytest.raises(DataError, match=r"no meta.json, so not a complete prepared set"):
         from gpt.data.tokens import open_split
+
         open_split(abandoned, "train")
     (tmp_path / "corpus.txt").write_text("\n\n".join(f"document {i} " * 50 for i in range(40)))
-    assert main([str(tmp_path / "corpus.txt"), "--out", str(tmp_path / "corpus"), "--sample-by", "paragraph",
-                 "--val-tokens", "100", "--test-tokens", "100", "--quiet"]) == 0, capsys.readouterr().err
+    assert (
+        main(
+            [
+                str(tmp_path / "corpus.txt"),
+                "--out",
+                str(tmp_path / "corpus"),
+                "--sample-by",
+                "paragraph",
+                "--val-tokens",
+                "100",
+                "--test-tokens",
+                "100",
+                "--quiet",
+            ]
+        )
+        == 0
+    ), capsys.readouterr().err
     assert not abandoned.exists() and (tmp_path / "corpus" / "meta.json").is_file()
 
 
@@ -433,6 +498,9 @@ def test_sweep_reads_the_run_not_torchruns_exit_status(tmp_path, train_yaml, mon
         return subprocess.CompletedProcess(command, 1)
 
     monkeypatch.setattr(grid.subprocess, "run", torchrun_after_sigterm)
-    with pytest.raises(UserError, match=r"run-pytorch-layernorm-s0: training stopped \(interrupted, exit status 1\); "
-                                        r"rerun the sweep to resume it"):
+    with pytest.raises(
+        UserError,
+        match=r"run-pytorch-layernorm-s0: training stopped \(interrupted, exit status 1\); "
+        r"rerun the sweep to resume it",
+    ):
         grid.train_cell(train_yaml(), cell, nproc=2)

@@ -9,25 +9,25 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import ROOT, write_token_set
 
-from gpt.run import fastpath
-from gpt.run.checkpoints import CheckpointError
 from gpt.config import load_config
 from gpt.data.tokens import DataError, open_split, sample_digest
-from gpt.run.distributed import Dist
 from gpt.evaluation.test_loss import evaluate_checkpoint
+from gpt.run import fastpath
+from gpt.run.checkpoints import CheckpointError
+from gpt.run.distributed import Dist
 from gpt.run.fingerprint import code_version
 from gpt.training.loop import train
-
-from conftest import ROOT, write_token_set
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def files_of(folder):
     """Every file's bytes but the lock's (it names the last process that held it)."""
-    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
-            and p.name != ".lock"}
+    return {
+        p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file() and p.name != ".lock"
+    }
 
 
 @pytest.fixture
@@ -76,16 +76,26 @@ def test_resume_on_other_data_is_refused(trained, own_data):
     write_token_set(own_data, n_train=60_000, n_val=4_000, n_test=4_000, seed=1)  # same sizes, other tokens
     new_train = sample_digest(own_data / "train.bin")
     assert new_train != old["sampled_sha256"]
-    refused(yaml, run, f"data.train.sampled_sha256: checkpoint {old['sampled_sha256'][:12]}..., now "
-                       f"{new_train[:12]}...", "data.train.sha256: checkpoint", "data.val.sha256: checkpoint")
+    refused(
+        yaml,
+        run,
+        f"data.train.sampled_sha256: checkpoint {old['sampled_sha256'][:12]}..., now {new_train[:12]}...",
+        "data.train.sha256: checkpoint",
+        "data.val.sha256: checkpoint",
+    )
 
 
 def test_resume_from_the_command_line_is_one_line_and_writes_nothing(trained, own_data):
     yaml, run = trained
     write_token_set(own_data, n_train=60_000, n_val=4_000, n_test=4_000, seed=2)
     before = files_of(run)
-    out = subprocess.run([sys.executable, str(ROOT / "train.py"), str(yaml), "--resume", str(step_10(run))],
-                         capture_output=True, text=True, env=ENV, timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), str(yaml), "--resume", str(step_10(run))],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr and out.stderr.count("\n") == 1, out.stderr
     assert out.stderr.startswith("error: ") and "data.train.sha256: checkpoint" in out.stderr
     assert files_of(run) == before
@@ -102,10 +112,13 @@ def test_resume_under_another_resolved_precision_is_refused(train_yaml, tmp_path
     refused(yaml, run, "train.precision: checkpoint bf16, now fp32", overrides=["train.precision=auto"])
 
 
-@pytest.mark.parametrize("key, value, said", [
-    ("hardware.device", "cuda", "hardware.device: checkpoint cuda, now cpu"),
-    ("train.tf32", True, "train.tf32: checkpoint true, now false"),
-])
+@pytest.mark.parametrize(
+    "key, value, said",
+    [
+        ("hardware.device", "cuda", "hardware.device: checkpoint cuda, now cpu"),
+        ("train.tf32", True, "train.tf32: checkpoint true, now false"),
+    ],
+)
 def test_resume_on_another_device_type_or_tf32_is_refused(trained, key, value, said):
     # a checkpoint written on a GPU (its checkpoint.json says so), resumed here on the CPU
     yaml, run = trained
@@ -144,13 +157,19 @@ def test_a_split_changed_after_preparation_is_refused(own_data):
     tokens = np.fromfile(own_data / "train.bin", dtype=np.uint16)
     tokens[123] ^= 1  # one token, same size
     tokens.tofile(own_data / "train.bin")
-    with pytest.raises(DataError, match=r"train\.bin: not the file that was prepared \(its sampled sha256 differs "
-                                        r"from the one recorded\): it changed after preparation; prepare the set "
-                                        r"again with scripts/prepare_data\.py"):
+    with pytest.raises(
+        DataError,
+        match=r"train\.bin: not the file that was prepared \(its sampled sha256 differs "
+        r"from the one recorded\): it changed after preparation; prepare the set "
+        r"again with scripts/prepare_data\.py",
+    ):
         open_split(own_data, "train")
     tokens[:1000].tofile(own_data / "val.bin")  # cut short
-    with pytest.raises(DataError, match=r"val\.bin: not the file that was prepared \(1,000 tokens, meta\.json "
-                                        r"records 4,000\)"):
+    with pytest.raises(
+        DataError,
+        match=r"val\.bin: not the file that was prepared \(1,000 tokens, meta\.json "
+        r"records 4,000\)",
+    ):
         open_split(own_data, "val")
     assert len(open_split(own_data, "test")) == 4_000
 
@@ -170,7 +189,7 @@ def test_the_sampled_digest_reads_a_large_file_in_blocks(tmp_path):
     h = hashlib.sha256(size.to_bytes(8, "little"))
     for i in range(SAMPLE_BLOCKS):
         start = i * (size - SAMPLE_BLOCK) // (SAMPLE_BLOCKS - 1)
-        h.update(data[start:start + SAMPLE_BLOCK])
+        h.update(data[start : start + SAMPLE_BLOCK])
     assert sample_digest(big) == h.hexdigest()
     changed = bytearray(data)
     changed[-1] ^= 0xFF  # the last byte is always read

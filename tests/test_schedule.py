@@ -16,8 +16,10 @@ def test_warmup_starts_at_lr_over_w_and_peaks_at_its_last_step():
     assert at[0] == pytest.approx(lr / w) and at[0] > 0  # the first update is not at lr 0
     assert at[:w] == pytest.approx([lr * (s + 1) / w for s in range(w)])  # linear
     assert at[w - 1] == pytest.approx(lr) and at[w] == pytest.approx(lr)  # the peak, then the cosine from it
-    assert at[-1] == pytest.approx(min_lr) and all(a >= b for a, b in zip(at[w:], at[w + 1:]))
-    assert at[100] == pytest.approx(min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * (100 - w) / (total - 1 - w))))
+    assert at[-1] == pytest.approx(min_lr) and all(a >= b for a, b in zip(at[w:], at[w + 1 :]))
+    assert at[100] == pytest.approx(
+        min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * (100 - w) / (total - 1 - w)))
+    )
 
 
 def test_the_words_say_what_the_code_does():
@@ -39,8 +41,7 @@ def test_constant_holds_the_peak_after_the_warmup():
 
 def test_wsd_is_stable_then_decays_linearly_to_min_lr_over_its_last_fraction():
     lr, min_lr, total = 1e-3, 1e-4, 100
-    at = [lr_at(s, total, lr=lr, min_lr=min_lr, warmup_frac=0.1, schedule="wsd", decay_frac=0.2)
-          for s in range(total)]
+    at = [lr_at(s, total, lr=lr, min_lr=min_lr, warmup_frac=0.1, schedule="wsd", decay_frac=0.2) for s in range(total)]
     assert at[0] == pytest.approx(lr / 10) and at[9] == pytest.approx(lr)  # the shared warmup
     assert at[10:80] == [lr] * 70  # stable up to the decay's start, step 100 - 20 = 80
     # decay: step 80 has taken one of its 20 steps, the last step reaches min_lr
@@ -54,7 +55,9 @@ def test_cosine_ends_exactly_at_min_lr_and_is_halfway_at_its_midpoint():
     w = warmup_steps(total, 0.0)
     assert w == 0
     at = [lr_at(s, total, lr=lr, min_lr=min_lr, warmup_frac=0.0) for s in range(total)]
-    assert at[0] == pytest.approx(lr) and at[50] == pytest.approx((lr + min_lr) / 2) and at[100] == pytest.approx(min_lr)
+    assert (
+        at[0] == pytest.approx(lr) and at[50] == pytest.approx((lr + min_lr) / 2) and at[100] == pytest.approx(min_lr)
+    )
 
 
 def test_an_unknown_schedule_is_refused_with_the_valid_ones():

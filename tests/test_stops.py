@@ -17,29 +17,34 @@ import time
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
-from gpt.run.checkpoints import load_state, problem
-from gpt.analysis.table import compare
-from gpt.config import load_config
-from gpt.run.directory import find_checkpoint
-from gpt.training.loop import train
-
 from conftest import ROOT
 from hubserver import HubServer
+from safetensors.torch import load_file
+
+from gpt.analysis.table import compare
+from gpt.config import load_config
+from gpt.run.checkpoints import load_state, problem
+from gpt.run.directory import find_checkpoint
+from gpt.training.loop import train
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 TIMING = ("tokens_per_s", "elapsed_s")  # the only fields of a metric record that may differ after a resume
 
 
 def run_cli(*args, env=None, **kw):
-    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, timeout=600,
-                          env={**ENV, **(env or {})}, **kw)
+    return subprocess.run(
+        [sys.executable, *map(str, args)], capture_output=True, text=True, timeout=600, env={**ENV, **(env or {})}, **kw
+    )
 
 
 def start_train(yaml, *args, env=None):
-    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), str(yaml), *map(str, args)],
-                            env={**ENV, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), str(yaml), *map(str, args)],
+        env={**ENV, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for(condition, seconds=120):
@@ -56,8 +61,10 @@ def logged(run_dir) -> int:
 
 def records(run_dir):
     """The metric records with the timing fields left out: what must not depend on a resume."""
-    return [{k: v for k, v in json.loads(line).items() if k not in TIMING}
-            for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {k: v for k, v in json.loads(line).items() if k not in TIMING}
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+    ]
 
 
 def weights(run_dir):
@@ -70,9 +77,14 @@ def same_weights(a, b):
 
 def long_yaml(train_yaml, tmp_path, name, steps=40, checkpoint_every=1000, log_every=5, extra=""):
     """A run that logs every ``log_every`` steps: the loss window spans several steps."""
-    text = train_yaml(name).read_text().replace("steps: 20", f"steps: {steps}").replace(
-        "checkpoint_every: 10", f"checkpoint_every: {checkpoint_every}").replace(
-        "eval_every: 10", "eval_every: 1000").replace("log_every: 1", f"log_every: {log_every}")
+    text = (
+        train_yaml(name)
+        .read_text()
+        .replace("steps: 20", f"steps: {steps}")
+        .replace("checkpoint_every: 10", f"checkpoint_every: {checkpoint_every}")
+        .replace("eval_every: 10", "eval_every: 1000")
+        .replace("log_every: 1", f"log_every: {log_every}")
+    )
     path = tmp_path / f"{name}-long.yaml"
     path.write_text(text + extra)
     return path
@@ -81,14 +93,17 @@ def long_yaml(train_yaml, tmp_path, name, steps=40, checkpoint_every=1000, log_e
 @pytest.fixture
 def reference(train_yaml, tmp_path):
     """The uninterrupted 40-step run every stopped run must end up equal to."""
+
     def make(**kw):
         out = run_cli(ROOT / "train.py", long_yaml(train_yaml, tmp_path, "ref", **kw))
         assert out.returncode == 0, out.stderr
         return tmp_path / "ref"
+
     return make
 
 
 # ----------------------------------------------------------------------------- signals
+
 
 @pytest.mark.slow
 def test_two_sigints_stop_cleanly_and_the_resume_ends_equal(train_yaml, tmp_path, reference):
@@ -124,12 +139,31 @@ def test_a_third_signal_stops_at_once_in_one_line(train_yaml, tmp_path, referenc
     rewind_to(run, "step-00000010")
     server = silent_server()
     env = {k: v for k, v in ENV.items() if k != "WANDB_MODE"}
-    env.update(WANDB_API_KEY="x" * 40, WANDB_BASE_URL=f"http://127.0.0.1:{server.getsockname()[1]}",
-               WANDB_DIR=str(tmp_path / "wandb"), WANDB_INIT_TIMEOUT="60", WANDB_SILENT="true")
+    env.update(
+        WANDB_API_KEY="x" * 40,
+        WANDB_BASE_URL=f"http://127.0.0.1:{server.getsockname()[1]}",
+        WANDB_DIR=str(tmp_path / "wandb"),
+        WANDB_INIT_TIMEOUT="60",
+        WANDB_SILENT="true",
+    )
     try:
-        proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), str(yaml), "--set", "log.wandb=true",
-                                 "--set", "train.checkpoint_every=10", "--resume", "auto"], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(ROOT / "train.py"),
+                str(yaml),
+                "--set",
+                "log.wandb=true",
+                "--set",
+                "train.checkpoint_every=10",
+                "--resume",
+                "auto",
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         wait_for(lambda: (run / "summary.json").is_file())  # started: the run directory says "running"
         time.sleep(1)
         for _ in range(3):
@@ -140,8 +174,9 @@ def test_a_third_signal_stops_at_once_in_one_line(train_yaml, tmp_path, referenc
         server.close()
     ours = [line for line in err.splitlines() if not line.startswith("wandb:")]
     assert proc.returncode == 4 and "Traceback" not in err and len(ours) == 1, err
-    assert ours[0] == ("stopped at once by a third stop signal (SIGINT); the newest checkpoint stands: "
-                       "--resume auto continues from it"), err
+    assert ours[0] == (
+        "stopped at once by a third stop signal (SIGINT); the newest checkpoint stands: --resume auto continues from it"
+    ), err
     summary = json.loads((run / "summary.json").read_text())  # whole, never half-written
     assert summary["status"] == "interrupted" and summary["stop_reason"].startswith("stopped at once")
     assert not list((run / "checkpoints").glob(".tmp-*"))
@@ -161,8 +196,7 @@ def rewind_to(run, step_name):
 
 
 @pytest.mark.slow
-def test_kill_9_at_a_random_moment_and_resume_logs_what_an_uninterrupted_run_logs(train_yaml, tmp_path,
-                                                                                  reference):
+def test_kill_9_at_a_random_moment_and_resume_logs_what_an_uninterrupted_run_logs(train_yaml, tmp_path, reference):
     ref = reference(checkpoint_every=7)
     yaml = long_yaml(train_yaml, tmp_path, "killed", checkpoint_every=7)
     proc = start_train(yaml)
@@ -179,11 +213,14 @@ def test_kill_9_at_a_random_moment_and_resume_logs_what_an_uninterrupted_run_log
 
 # ------------------------------------------------------------------ places that cannot be written
 
+
 def immutable(path) -> bool:
     """chattr +i where the file system and the user allow it (root on ext4 does): a folder nothing may
     change, as a read-only mount is."""
-    return shutil.which("chattr") is not None and subprocess.run(["chattr", "+i", str(path)],
-                                                                 capture_output=True).returncode == 0
+    return (
+        shutil.which("chattr") is not None
+        and subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0
+    )
 
 
 def one_line_error(out, *fragments):
@@ -210,8 +247,9 @@ def test_a_run_folder_that_cannot_be_written_is_one_line(train_yaml, tmp_path):
     (run / ".lock").unlink()
     (run / ".lock").mkdir()
     before = files_of(run)
-    out = run_cli(ROOT / "train.py", yaml, "--set", "train.steps=4", "--set", "train.checkpoint_every=2",
-                  "--resume", "auto")
+    out = run_cli(
+        ROOT / "train.py", yaml, "--set", "train.steps=4", "--set", "train.checkpoint_every=2", "--resume", "auto"
+    )
     one_line_error(out, f"cannot write the run directory {run}: Is a directory")
     assert files_of(run) == before
 
@@ -231,8 +269,16 @@ def test_a_read_only_run_refuses_training_and_still_evaluates(train_yaml, tmp_pa
             (final / "eval-test-fp32.json").mkdir()
         before = files_of(run)
         if made_immutable:
-            out = run_cli(ROOT / "train.py", yaml, "--set", "train.steps=4", "--set", "train.checkpoint_every=2",
-                          "--resume", "auto")
+            out = run_cli(
+                ROOT / "train.py",
+                yaml,
+                "--set",
+                "train.steps=4",
+                "--set",
+                "train.checkpoint_every=2",
+                "--resume",
+                "auto",
+            )
             one_line_error(out, f"cannot write the run directory {run}: Operation not permitted")
         out = run_cli(ROOT / "evaluate.py", run, "--quiet", "--json", tmp_path / "elsewhere.json")
         assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
@@ -248,6 +294,7 @@ def test_a_read_only_run_refuses_training_and_still_evaluates(train_yaml, tmp_pa
 
 # ------------------------------------------------------------------ a Hub that never answers
 
+
 def silent_server():
     """Accepts connections and never answers: a network that hangs."""
     server = socket.socket()
@@ -257,8 +304,13 @@ def silent_server():
 
 
 def hub_env(tmp_path, url):
-    return {"HF_ENDPOINT": url, "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_OFFLINE": "0",
-            "HF_TOKEN": "hf_FAKEstopsToken", "HF_HUB_DISABLE_TELEMETRY": "1"}
+    return {
+        "HF_ENDPOINT": url,
+        "HF_HOME": str(tmp_path / "hf-home"),
+        "HF_HUB_OFFLINE": "0",
+        "HF_TOKEN": "hf_FAKEstopsToken",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+    }
 
 
 HUB_YAML = "hub: {repo_id: me/stops, push_every_checkpoint: true, wait_on_exit_s: 3}\n"
@@ -302,14 +354,20 @@ def test_sigterm_with_uploads_queued_for_a_silent_hub_waits_only_so_long(train_y
         for branch in left:
             assert hub.head("me/stops", branch) is not None, branch
         commits = [path for method, path in hub.requests if method == "POST" and "/commit/" in path]
-        assert [c.rsplit("/", 1)[-1] for c in commits[:len(left)]] == left  # before anything new
+        assert [c.rsplit("/", 1)[-1] for c in commits[: len(left)]] == left  # before anything new
     assert not (run / ".hub-staging").exists()
 
 
 @pytest.mark.slow
 def test_a_second_signal_ends_the_wait_for_uploads_at_once(train_yaml, tmp_path):
-    yaml = long_yaml(train_yaml, tmp_path, "hubstop2", checkpoint_every=3, log_every=1,
-                     extra=HUB_YAML.replace("wait_on_exit_s: 3", "wait_on_exit_s: 120"))
+    yaml = long_yaml(
+        train_yaml,
+        tmp_path,
+        "hubstop2",
+        checkpoint_every=3,
+        log_every=1,
+        extra=HUB_YAML.replace("wait_on_exit_s: 3", "wait_on_exit_s: 120"),
+    )
     run = tmp_path / "hubstop2"
     proc, err, waited = stop_while_uploading(yaml, run, tmp_path, signals=2)
     assert proc.returncode == 4 and waited < 5 and "Traceback" not in err, (waited, err)
@@ -333,8 +391,10 @@ def test_a_hub_that_is_down_leaves_no_staged_copies(train_yaml, tmp_path):
     assert not (run / ".hub-staging").exists()
     warning = out.stderr.strip().splitlines()
     assert len(warning) == 1 and len(warning[0]) < 400, out.stderr  # one line, each reason once, with counts
-    assert f"Hub uploads to me/stops at http://127.0.0.1:{port}: 11 failed (step-00000002, step-00000004, " \
-           "step-00000006 and 8 more)" in warning[0]
+    assert (
+        f"Hub uploads to me/stops at http://127.0.0.1:{port}: 11 failed (step-00000002, step-00000004, "
+        "step-00000006 and 8 more)" in warning[0]
+    )
     assert f"the Hub at http://127.0.0.1:{port} did not answer; check the network, or HF_ENDPOINT" in warning[0]
     assert "token" not in warning[0]
     # a kill leaves staged copies (one whole, one cut short): the next start queues the whole one, drops the other
@@ -348,16 +408,33 @@ def test_a_hub_that_is_down_leaves_no_staged_copies(train_yaml, tmp_path):
 
 # --------------------------------------------------------------------------- wandb that never answers
 
+
 @pytest.mark.slow
 def test_wandb_start_and_finish_are_bounded(train_yaml, tmp_path):
     server = silent_server()
     bound = 5
     env = {k: v for k, v in ENV.items() if k != "WANDB_MODE"}
-    env.update(WANDB_API_KEY="x" * 40, WANDB_BASE_URL=f"http://127.0.0.1:{server.getsockname()[1]}",
-               WANDB_DIR=str(tmp_path / "wandb"), WANDB_INIT_TIMEOUT=str(bound))
+    env.update(
+        WANDB_API_KEY="x" * 40,
+        WANDB_BASE_URL=f"http://127.0.0.1:{server.getsockname()[1]}",
+        WANDB_DIR=str(tmp_path / "wandb"),
+        WANDB_INIT_TIMEOUT=str(bound),
+    )
     began = time.time()
-    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), str(train_yaml()), "--set", "log.wandb=true",
-                             "--set", "train.steps=4"], stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            str(train_yaml()),
+            "--set",
+            "log.wandb=true",
+            "--set",
+            "train.steps=4",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     said = {}
     for line in proc.stderr:
         said.setdefault("first", time.time() - began)
@@ -375,6 +452,7 @@ def test_wandb_start_and_finish_are_bounded(train_yaml, tmp_path):
 
 
 # ------------------------------------------------------------------------- hostile checkpoints
+
 
 class Hostile:
     def __init__(self, marker):
@@ -405,8 +483,8 @@ def test_a_hostile_state_file_is_a_damaged_checkpoint(train_yaml, tmp_path):
 
 
 def test_weights_that_do_not_fit_are_named_in_a_short_line(train_yaml, tmp_path):
-    from gpt.run.checkpoints import CheckpointError, load_weights
     from gpt.model.gpt import GPT
+    from gpt.run.checkpoints import CheckpointError, load_weights
 
     cfg = load_config(train_yaml(), ["train.steps=2", "train.checkpoint_every=2"])
     train(cfg)
@@ -420,13 +498,25 @@ def test_weights_that_do_not_fit_are_named_in_a_short_line(train_yaml, tmp_path)
 
 # ------------------------------------------------------------------------ results per token range
 
+
 @pytest.mark.slow
 def test_evaluations_over_different_ranges_live_side_by_side(train_yaml, tmp_path):
     yaml = train_yaml()
     for seed, norm in ((0, "pytorch_layernorm"), (0, "handrolled_layernorm")):
         name = f"r-{norm}"
-        train(load_config(yaml, [f"run.name={name}", f"run.dir={tmp_path / name}", f"model.norm_type={norm}",
-                                 "train.steps=4", "train.checkpoint_every=4", f"train.seed={seed}"]))
+        train(
+            load_config(
+                yaml,
+                [
+                    f"run.name={name}",
+                    f"run.dir={tmp_path / name}",
+                    f"model.norm_type={norm}",
+                    "train.steps=4",
+                    "train.checkpoint_every=4",
+                    f"train.seed={seed}",
+                ],
+            )
+        )
     runs = [tmp_path / "r-pytorch_layernorm", tmp_path / "r-handrolled_layernorm"]
     for tokens in (1024, 4096):
         out = run_cli(ROOT / "evaluate.py", *runs, "--tokens", tokens, "--quiet")
@@ -435,7 +525,10 @@ def test_evaluations_over_different_ranges_live_side_by_side(train_yaml, tmp_pat
     assert out.returncode == 0, out.stderr
     final = find_checkpoint(runs[0])
     assert sorted(p.name for p in final.glob("eval-*.json")) == [
-        "eval-test-0-1024-fp32.json", "eval-test-0-4096-fp32.json", "eval-test-fp32.json"]
+        "eval-test-0-1024-fp32.json",
+        "eval-test-0-4096-fp32.json",
+        "eval-test-fp32.json",
+    ]
     again = run_cli(ROOT / "evaluate.py", runs[0], "--tokens", 1024, "--quiet")  # a repeat replaces its own
     assert again.returncode == 0 and len(list(final.glob("eval-*.json"))) == 3
     for tokens in (1024, 4096, None):
@@ -453,9 +546,12 @@ def test_every_hub_request_gives_up_after_its_timeout(tmp_path):
     folder = tmp_path / "export"
     folder.mkdir()
     (folder / "README.md").write_text("x")
-    code = ("import sys, time; import gpt.publish.hub_api as hub; hub.HUB_TIMEOUT_S = (2.0, 2.0, 2.0, 2.0); began = time.time()\n"
-            "try:\n    hub.upload_folder(__import__('pathlib').Path(sys.argv[1]), 'me/x', attempts=1)\n"
-            "except hub.UploadError as e:\n    print(round(time.time() - began, 1)); print(e)")
+    code = (
+        "import sys, time; import gpt.publish.hub_api as hub\n"
+        "hub.HUB_TIMEOUT_S = (2.0, 2.0, 2.0, 2.0); began = time.time()\n"
+        "try:\n    hub.upload_folder(__import__('pathlib').Path(sys.argv[1]), 'me/x', attempts=1)\n"
+        "except hub.UploadError as e:\n    print(round(time.time() - began, 1)); print(e)"
+    )
     url = f"http://127.0.0.1:{server.getsockname()[1]}"
     try:
         out = run_cli("-c", code, folder, env=hub_env(tmp_path, url))

@@ -6,21 +6,25 @@ import subprocess
 import sys
 
 import pytest
+from conftest import ROOT
 from safetensors.torch import load_file
 
-from gpt.common.errors import UserError
 from gpt.analysis.experiment import run_sweep
+from gpt.common.errors import UserError
 from gpt.run.directory import find_checkpoint
-
-from conftest import ROOT
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
 def grid_cfg(train_yaml, tmp_path):
-    text = train_yaml("grid").read_text().replace("steps: 20", "steps: 6").replace(
-        "checkpoint_every: 10", "checkpoint_every: 3").replace("eval_every: 10", "eval_every: 3")
+    text = (
+        train_yaml("grid")
+        .read_text()
+        .replace("steps: 20", "steps: 6")
+        .replace("checkpoint_every: 10", "checkpoint_every: 3")
+        .replace("eval_every: 10", "eval_every: 3")
+    )
     path = tmp_path / "grid.yaml"
     path.write_text(text.replace("data: {path:", "data: {test_tokens: 4096, path:"))
     return path
@@ -61,24 +65,50 @@ def test_sweep_skips_completed_and_resumes_interrupted(grid_cfg, tmp_path):
 
 
 def test_dry_run_prints_commands(grid_cfg, tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep.py"), str(grid_cfg), "--norm-types",
-                          "no_norm", "--seeds", "1", "2", "--nproc", "2", "--runs-dir", str(tmp_path / "r"),
-                          "--dry-run"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "sweep.py"),
+            str(grid_cfg),
+            "--norm-types",
+            "no_norm",
+            "--seeds",
+            "1",
+            "2",
+            "--nproc",
+            "2",
+            "--runs-dir",
+            str(tmp_path / "r"),
+            "--dry-run",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert len(lines) == 5 and not (tmp_path / "r").exists()
     assert "torch.distributed.run --standalone --nproc_per_node=2" in lines[0]
     assert "--set model.norm_type=no_norm --set train.seed=1 --set run.name=grid-no-norm-s1" in lines[0]
-    assert lines[0].endswith("--resume auto") and "-m gpt.commands.evaluate" in lines[1] and "-m gpt.commands.compare" in lines[4]
+    assert (
+        lines[0].endswith("--resume auto")
+        and "-m gpt.commands.evaluate" in lines[1]
+        and "-m gpt.commands.compare" in lines[4]
+    )
 
 
 def test_crossed_seeds_split_the_noise(grid_cfg, tmp_path):
     runs = tmp_path / "runs"
-    result = run_sweep(grid_cfg, ["pytorch_layernorm"], [0], runs, init_seeds=[0, 1], data_seeds=[3, 4],
-                       log=lambda line: None)
+    result = run_sweep(
+        grid_cfg, ["pytorch_layernorm"], [0], runs, init_seeds=[0, 1], data_seeds=[3, 4], log=lambda line: None
+    )
     names = sorted(p.name for p in runs.iterdir() if p.name != "grid-comparison")
-    assert names == ["grid-pytorch-layernorm-i0-s3", "grid-pytorch-layernorm-i0-s4", "grid-pytorch-layernorm-i1-s3",
-                     "grid-pytorch-layernorm-i1-s4"]
+    assert names == [
+        "grid-pytorch-layernorm-i0-s3",
+        "grid-pytorch-layernorm-i0-s4",
+        "grid-pytorch-layernorm-i1-s3",
+        "grid-pytorch-layernorm-i1-s4",
+    ]
     [group] = result["groups"]
     assert group["seeds"] == ["0/3", "0/4", "1/3", "1/4"]
     losses = [r["test_loss"] for r in group["runs"]]
@@ -93,15 +123,36 @@ def test_crossed_seeds_split_the_noise(grid_cfg, tmp_path):
     assert "pytorch_layernorm: 2 initialisation seeds x 2 data-order seeds" in md
     with pytest.raises(UserError, match="--init-seeds and --data-seeds go together"):
         run_sweep(grid_cfg, ["dyt"], [0], runs, init_seeds=[0, 1])
-    with pytest.raises(UserError, match=r"--data-seeds needs at least two different seeds to split the noise \(got 3 3\)"):
+    with pytest.raises(
+        UserError, match=r"--data-seeds needs at least two different seeds to split the noise \(got 3 3\)"
+    ):
         run_sweep(grid_cfg, ["dyt"], [0], runs, init_seeds=[0, 1], data_seeds=[3, 3])
 
 
 def test_dry_run_of_crossed_seeds(grid_cfg, tmp_path, capsys):
     from gpt.commands.sweep import main
 
-    assert main([str(grid_cfg), "--norm-types", "no_norm", "--init-seeds", "0", "1", "--data-seeds", "5", "6",
-                 "--runs-dir", str(tmp_path / "r"), "--allow-differ", "hardware.name", "--dry-run"]) == 0
+    assert (
+        main(
+            [
+                str(grid_cfg),
+                "--norm-types",
+                "no_norm",
+                "--init-seeds",
+                "0",
+                "1",
+                "--data-seeds",
+                "5",
+                "6",
+                "--runs-dir",
+                str(tmp_path / "r"),
+                "--allow-differ",
+                "hardware.name",
+                "--dry-run",
+            ]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.splitlines()
     trains = [line for line in lines if "-m gpt.commands.train" in line]
     assert len(trains) == 4 and not (tmp_path / "r").exists()

@@ -8,12 +8,18 @@ import sys
 
 import pytest
 
-from gpt.data import tokenizer
 from gpt.common.errors import UserError
+from gpt.data import tokenizer
 from gpt.data.tokenizer import EOT_TOKEN, get_tokenizer, gpt2_encoding, gpt2_files_dir
 
-TEXTS = ["Hello world", "  leading spaces\n\nand\ttabs", "naïve café — 日本語 🎭", "I'll've we're 123456",
-         "O Romeo, Romeo! wherefore art thou Romeo?\n", "<|endoftext|> as plain text"]
+TEXTS = [
+    "Hello world",
+    "  leading spaces\n\nand\ttabs",
+    "naïve café — 日本語 🎭",
+    "I'll've we're 123456",
+    "O Romeo, Romeo! wherefore art thou Romeo?\n",
+    "<|endoftext|> as plain text",
+]
 
 
 def test_known_ids():
@@ -42,8 +48,14 @@ def test_matches_tiktoken_get_encoding(tmp_path):
         "texts = json.loads(sys.stdin.read())\n"
         "print(json.dumps([enc.encode(t, allowed_special='all') for t in texts] + [enc.n_vocab]))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], input=json.dumps(TEXTS), capture_output=True, text=True,
-                         env={"TIKTOKEN_CACHE_DIR": str(cache), "PATH": "/usr/bin:/bin"}, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        input=json.dumps(TEXTS),
+        capture_output=True,
+        text=True,
+        env={"TIKTOKEN_CACHE_DIR": str(cache), "PATH": "/usr/bin:/bin"},
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     *theirs, n_vocab = json.loads(out.stdout)
     enc = gpt2_encoding()

@@ -12,20 +12,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT, write_train_yaml
 from safetensors.torch import load_file
 
-from gpt.run import checkpoints as ckpt_io
+from gpt.commands.cli import standard_hooks
+from gpt.common.errors import UserError
 from gpt.config import load_config
 from gpt.data.tokens import DataError
-from gpt.run.distributed import Dist
-from gpt.common.errors import UserError
 from gpt.model.gpt import GPT
-from gpt.run.directory import find_checkpoint
-from gpt.commands.cli import standard_hooks
+from gpt.run import checkpoints as ckpt_io
+from gpt.run.directory import RunDir, find_checkpoint
+from gpt.run.distributed import Dist
 from gpt.training.hooks import RunHooks
 from gpt.training.loop import train
-
-from conftest import ROOT, write_train_yaml
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -40,8 +39,14 @@ def final_weights(run_dir):
 
 def run_train(*args, env=None, **kw):
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run([sys.executable, str(ROOT / "train.py"), *map(str, args)], capture_output=True,
-                          text=True, env=full_env, timeout=600, **kw)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=600,
+        **kw,
+    )
 
 
 def test_short_run_learns_and_writes_every_file(train_yaml, tmp_path):
@@ -51,8 +56,16 @@ def test_short_run_learns_and_writes_every_file(train_yaml, tmp_path):
     records = metrics(run)
     assert [r["step"] for r in records] == list(range(1, 21))
     for r in records:
-        assert {"step", "tokens", "train_loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s",
-                "nonfinite_steps"} <= r.keys()
+        assert {
+            "step",
+            "tokens",
+            "train_loss",
+            "lr",
+            "grad_norm",
+            "tokens_per_s",
+            "elapsed_s",
+            "nonfinite_steps",
+        } <= r.keys()
         assert r["tokens"] == r["step"] * 8 * 32
     assert [r["step"] for r in records if "val_loss" in r] == [10, 20]
     assert records[-1]["train_loss"] < records[0]["train_loss"] - 1.0  # it learns the synthetic rule
@@ -68,8 +81,13 @@ def test_short_run_learns_and_writes_every_file(train_yaml, tmp_path):
     assert saved["world_size"] == 1 and saved["device"]
     [segment] = saved["segments"]  # one process, one segment: its fingerprint
     assert segment["from_step"] == 0 and segment["software"]["torch"] == torch.__version__
-    assert segment["train"] == {"precision": "fp32", "compile": False, "tf32": False, "micro_batch_size": 4,
-                                "grad_accum": 2}
+    assert segment["train"] == {
+        "precision": "fp32",
+        "compile": False,
+        "tf32": False,
+        "micro_batch_size": 4,
+        "grad_accum": 2,
+    }
     assert segment["hardware"] == {"device": "cpu", "name": saved["device"], "world_size": 1}
     assert segment["data"]["train"]["range"] == saved["train_token_range"][1:]
     assert info["segments"] == saved["segments"]
@@ -81,8 +99,12 @@ def test_short_run_learns_and_writes_every_file(train_yaml, tmp_path):
     ckpts = run / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["best", "latest", "step-00000010", "step-00000020"]
     final = ckpts / "step-00000020"
-    assert sorted(p.name for p in final.iterdir()) == ["checkpoint.json", "config.yaml", "model.safetensors",
-                                                       "state.pt"]
+    assert sorted(p.name for p in final.iterdir()) == [
+        "checkpoint.json",
+        "config.yaml",
+        "model.safetensors",
+        "state.pt",
+    ]
     state = ckpt_io.load_state(final)
     assert {"optimizer", "scaler", "data", "progress", "rng"} <= state.keys()
     assert state["data"]["step"] == 20 and state["progress"]["tokens"] == 20 * 256
@@ -110,8 +132,11 @@ def test_resume_is_exact(train_yaml, tmp_path):
     ma, mb = metrics(tmp_path / "straight"), metrics(resumed_dir)
     assert [r["step"] for r in mb] == list(range(1, 21))  # steps 11-20 logged once, not twice
     for ra, rb in zip(ma, mb):
-        assert (ra["train_loss"], ra["grad_norm"], ra.get("val_loss")) == (rb["train_loss"], rb["grad_norm"],
-                                                                           rb.get("val_loss"))
+        assert (ra["train_loss"], ra["grad_norm"], ra.get("val_loss")) == (
+            rb["train_loss"],
+            rb["grad_norm"],
+            rb.get("val_loss"),
+        )
     resumed = json.loads((resumed_dir / "summary.json").read_text())
     assert resumed["final_train_loss"] == straight["final_train_loss"]
     assert [s["from_step"] for s in resumed["segments"]] == [0, 10]  # every process of the run, in order
@@ -121,16 +146,25 @@ def test_resume_is_exact(train_yaml, tmp_path):
 @pytest.mark.slow
 def test_sigterm_checkpoints_and_resume_finishes_identically(train_yaml, tmp_path):
     def cfg(name):
-        return train_yaml(name).read_text().replace("steps: 20", "steps: 60").replace(
-            "checkpoint_every: 10", "checkpoint_every: 1000").replace("eval_every: 10", "eval_every: 1000")
+        return (
+            train_yaml(name)
+            .read_text()
+            .replace("steps: 20", "steps: 60")
+            .replace("checkpoint_every: 10", "checkpoint_every: 1000")
+            .replace("eval_every: 10", "eval_every: 1000")
+        )
 
     (tmp_path / "ref.yaml").write_text(cfg("ref"))
     (tmp_path / "stop.yaml").write_text(cfg("stop"))
     reference = run_train(tmp_path / "ref.yaml")
     assert reference.returncode == 0, reference.stderr
-    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), str(tmp_path / "stop.yaml")],
-                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), str(tmp_path / "stop.yaml")],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     log = tmp_path / "stop" / "metrics.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and not (log.is_file() and len(log.read_text().splitlines()) >= 5):
@@ -152,21 +186,28 @@ def test_sigterm_checkpoints_and_resume_finishes_identically(train_yaml, tmp_pat
 
 @pytest.mark.slow
 def test_kill_9_while_checkpointing_never_breaks_latest(train_yaml, tmp_path):
-    text = train_yaml("crash").read_text().replace("steps: 20", "steps: 400").replace(
-        "checkpoint_every: 10", "checkpoint_every: 1").replace("log_every: 1", "log_every: 50")
+    text = (
+        train_yaml("crash")
+        .read_text()
+        .replace("steps: 20", "steps: 400")
+        .replace("checkpoint_every: 10", "checkpoint_every: 1")
+        .replace("log_every: 1", "log_every: 50")
+    )
     (tmp_path / "crash.yaml").write_text(text)
     cfg = load_config(tmp_path / "crash.yaml")
     rng = random.Random(0)
     seen = set()
     for _ in range(5):
-        proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), str(tmp_path / "crash.yaml"), "--resume",
-                                 "auto"], env={**os.environ, "OMP_NUM_THREADS": "1"},
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "train.py"), str(tmp_path / "crash.yaml"), "--resume", "auto"],
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         root = tmp_path / "crash" / "checkpoints"
         before = (root / "latest").read_text() if (root / "latest").is_file() else None
         deadline = time.time() + 120  # wait for this process's first checkpoint
-        while time.time() < deadline and not ((root / "latest").is_file() and
-                                              (root / "latest").read_text() != before):
+        while time.time() < deadline and not ((root / "latest").is_file() and (root / "latest").read_text() != before):
             time.sleep(0.02)
         time.sleep(rng.uniform(0.3, 2.0))  # a checkpoint is written every step: likely mid-write
         proc.kill()
@@ -181,8 +222,14 @@ def test_kill_9_while_checkpointing_never_breaks_latest(train_yaml, tmp_path):
 
 
 def test_diverging_run_stops_itself(train_yaml, tmp_path):
-    text = train_yaml("diverge").read_text().replace("norm_type: pytorch_layernorm", "norm_type: no_norm").replace(
-        "lr: 1.0e-2", "lr: 10.0").replace("steps: 20", "steps: 500").replace("eval_every: 10", "eval_every: 1000")
+    text = (
+        train_yaml("diverge")
+        .read_text()
+        .replace("norm_type: pytorch_layernorm", "norm_type: no_norm")
+        .replace("lr: 1.0e-2", "lr: 10.0")
+        .replace("steps: 20", "steps: 500")
+        .replace("eval_every: 10", "eval_every: 1000")
+    )
     (tmp_path / "diverge.yaml").write_text(text.replace("keep_last: 5", "keep_last: 5, max_nonfinite_steps: 3"))
     summary = train(load_config(tmp_path / "diverge.yaml"))
     assert summary["status"] == "diverged" and summary["diverged_at_step"] < 50
@@ -193,8 +240,9 @@ def test_diverging_run_stops_itself(train_yaml, tmp_path):
     assert metrics(tmp_path / "diverge")[-1]["step"] == summary["diverged_at_step"]
     # a ceiling stops a run whose loss explodes while staying finite
     ceiling = text.replace("lr: 10.0", "lr: 0.3").replace("keep_last: 5", "keep_last: 5, loss_ceiling: 6.0")
-    (tmp_path / "ceiling.yaml").write_text(ceiling.replace("name: diverge", "name: ceiling").replace(
-        str(tmp_path / "diverge"), str(tmp_path / "ceiling")))
+    (tmp_path / "ceiling.yaml").write_text(
+        ceiling.replace("name: diverge", "name: ceiling").replace(str(tmp_path / "diverge"), str(tmp_path / "ceiling"))
+    )
     summary = train(load_config(tmp_path / "ceiling.yaml"))
     assert summary["status"] == "diverged" and summary["steps"] < 500
     assert summary["stop_reason"].startswith("train loss") and "above train.loss_ceiling 6" in summary["stop_reason"]
@@ -202,16 +250,23 @@ def test_diverging_run_stops_itself(train_yaml, tmp_path):
 
 def test_config_errors_stop_before_anything_is_built(train_yaml, tmp_path):
     out = run_train(train_yaml(), "--set", "train.micro_batch=4")
-    assert out.returncode == 2 and out.stderr.startswith("error: --set: train.micro_batch: unknown key; "
-                                                         "did you mean 'train.micro_batch_size'?")
+    assert out.returncode == 2 and out.stderr.startswith(
+        "error: --set: train.micro_batch: unknown key; did you mean 'train.micro_batch_size'?"
+    )
     assert not (tmp_path / "run").exists()
-    with pytest.raises(UserError, match=r"train.global_batch_size 8 is not a multiple of train.micro_batch_size 4 "
-                                        r"x 3 processes; choose a global batch divisible by 12"):
+    with pytest.raises(
+        UserError,
+        match=r"train.global_batch_size 8 is not a multiple of train.micro_batch_size 4 "
+        r"x 3 processes; choose a global batch divisible by 12",
+    ):
         train(load_config(train_yaml()), dist=Dist(world_size=3))
     assert not (tmp_path / "run").exists()
     too_long = load_config(train_yaml(), ["train.steps=100000"])
-    with pytest.raises(DataError, match=r"train.bin: 200,000 tokens are 781 steps of 8 x 32 tokens, but the run "
-                                        r"asks for 100,000 steps"):
+    with pytest.raises(
+        DataError,
+        match=r"train.bin: 200,000 tokens are 781 steps of 8 x 32 tokens, but the run "
+        r"asks for 100,000 steps",
+    ):
         train(too_long)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
@@ -219,8 +274,11 @@ def test_config_errors_stop_before_anything_is_built(train_yaml, tmp_path):
 def test_resume_with_a_different_model_is_refused(train_yaml, tmp_path):
     train(load_config(train_yaml()))
     bigger = load_config(train_yaml(), ["model.d_model=64", "model.n_heads=4"])
-    with pytest.raises(UserError, match=r"step-00000020 holds a different model; model.d_model: checkpoint 32, "
-                                        r"config 64; model.n_heads: checkpoint 2, config 4$"):
+    with pytest.raises(
+        UserError,
+        match=r"step-00000020 holds a different model; model.d_model: checkpoint 32, "
+        r"config 64; model.n_heads: checkpoint 2, config 4$",
+    ):
         train(bigger, resume="auto")
 
 
@@ -228,8 +286,11 @@ def test_existing_run_is_not_overwritten(train_yaml, tmp_path):
     cfg = load_config(train_yaml())
     train(cfg)
     before = (tmp_path / "run" / "metrics.jsonl").read_text()
-    with pytest.raises(UserError, match=r"already holds a run \(checkpoints up to step-00000020\); pass --resume "
-                                        r"auto to continue it, --overwrite to start over"):
+    with pytest.raises(
+        UserError,
+        match=r"already holds a run \(checkpoints up to step-00000020\); pass --resume "
+        r"auto to continue it, --overwrite to start over",
+    ):
         train(cfg)
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
     again = train(cfg, resume="auto")  # nothing left to do: the finished run stays finished
@@ -265,8 +326,10 @@ def test_wandb_offline_receives_the_run(train_yaml, tmp_path, monkeypatch):
     # protobuf records: keys and JSON values are stored as text. wandb's service process writes the file on
     # its own schedule after finish() returns (under load, later: CI once read only its 7-byte header)
     deadline = time.monotonic() + 60
-    while json.dumps(records[-1]["val_loss"]).encode() not in (data := history[0].read_bytes()) \
-            and time.monotonic() < deadline:
+    while (
+        json.dumps(records[-1]["val_loss"]).encode() not in (data := history[0].read_bytes())
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.5)
     assert len(records) == 10
     for r in records:
@@ -288,6 +351,7 @@ def test_mixed_precision_trains(train_yaml, precision, tmp_path):
 
 # ------------------------------------------------------------------------ validity
 
+
 def files_of(folder):
     return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
@@ -297,12 +361,17 @@ def test_resume_refuses_a_changed_experiment(train_yaml, tmp_path):
     train(cfg)
     run = tmp_path / "run"
     before = files_of(run)
-    for change, named in ((["optim.lr=0.02"], "optim.lr: checkpoint 0.01, config 0.02"),
-                          (["train.steps=30"], "train.steps: checkpoint 20, config 30"),
-                          (["optim.schedule=constant"], "optim.schedule: checkpoint 'cosine', config 'constant'"),
-                          (["train.precision=fp16"], "train.precision: checkpoint 'fp32', config 'fp16'")):
-        with pytest.raises(UserError, match=f"step-00000020 was trained with a different config; {named}; a resumed "
-                                            "run may change only run.*, log.*, hub.*"):
+    for change, named in (
+        (["optim.lr=0.02"], "optim.lr: checkpoint 0.01, config 0.02"),
+        (["train.steps=30"], "train.steps: checkpoint 20, config 30"),
+        (["optim.schedule=constant"], "optim.schedule: checkpoint 'cosine', config 'constant'"),
+        (["train.precision=fp16"], "train.precision: checkpoint 'fp32', config 'fp16'"),
+    ):
+        with pytest.raises(
+            UserError,
+            match=f"step-00000020 was trained with a different config; {named}; a resumed "
+            "run may change only run.*, log.*, hub.*",
+        ):
             train(load_config(train_yaml(), change), resume="auto")
         assert files_of(run) == before, change  # nothing written
     out = run_train(train_yaml(), "--resume", "auto", "--set", "optim.lr=0.02")
@@ -313,8 +382,9 @@ def test_resume_refuses_a_changed_experiment(train_yaml, tmp_path):
     (run / "checkpoints" / "latest").write_text("step-00000010\n")
     (run / "summary.json").unlink()
     original = (run / "config.yaml").read_text()
-    summary = train(load_config(train_yaml(), ["log.log_every=5", "train.checkpoint_every=5", "train.keep_last=3"]),
-                    resume="auto")
+    summary = train(
+        load_config(train_yaml(), ["log.log_every=5", "train.checkpoint_every=5", "train.keep_last=3"]), resume="auto"
+    )
     assert summary["status"] == "completed" and summary["steps"] == 20
     assert (run / "config.yaml").read_text() == original
     assert [r["step"] for r in metrics(run)] == [*range(1, 11), 15, 20]
@@ -397,8 +467,10 @@ def metrics_of(summary, run_dir):
 def test_tokens_per_param_gives_every_norm_type_the_same_length(train_yaml, tmp_path):
     lengths = set()
     for norm_type in ("pytorch_layernorm", "pytorch_rmsnorm", "no_norm", "dyt"):
-        cfg = load_config(train_yaml(norm_type), [f"model.norm_type={norm_type}", "train.steps=null",
-                                                  "train.tokens_per_param=0.05", "train.eval_every=100"])
+        cfg = load_config(
+            train_yaml(norm_type),
+            [f"model.norm_type={norm_type}", "train.steps=null", "train.tokens_per_param=0.05", "train.eval_every=100"],
+        )
         summary = train(cfg)
         lengths.add((summary["total_steps"], summary["tokens"], summary["n_params_outside_norms"]))
         in_norms = {"pytorch_layernorm": 5 * 2 * 32, "pytorch_rmsnorm": 5 * 32, "no_norm": 0, "dyt": 5 * (2 * 32 + 1)}
@@ -445,10 +517,16 @@ def test_the_trainer_tells_its_hooks_in_order_and_knows_nothing_else(train_yaml,
     cfg = load_config(train_yaml())
     first, second = Recorder(), Recorder(problem="the recorder's own problem")
     summary = train(cfg, hooks=[first, second])
-    assert first.calls == second.calls == [
-        ("started", "run", True),  # after the run folder is set up and marked running
-        ("checkpoint_saved", "step-00000010", True), ("checkpoint_saved", "step-00000020", True),
-        ("finished", "completed", "step-00000020", 20)]
+    assert (
+        first.calls
+        == second.calls
+        == [
+            ("started", "run", True),  # after the run folder is set up and marked running
+            ("checkpoint_saved", "step-00000010", True),
+            ("checkpoint_saved", "step-00000020", True),
+            ("finished", "completed", "step-00000020", 20),
+        ]
+    )
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["recorder"] == saved["recorder"] == 4 and saved["status"] == "completed"
     assert capsys.readouterr().err.splitlines()[-1] == "warning: the recorder's own problem"  # one line, no stop
@@ -472,3 +550,34 @@ def test_a_checkpoint_written_before_the_folders_moved_resumes_to_the_same_run(t
     last = metrics(tmp_path / "run")[-1]
     assert {k: last[k] for k in expected} == expected
     assert [s["from_step"] for s in summary["segments"]] == [0, 10]  # the old segment, then this one
+
+
+def test_random_states_restore_every_generator_a_step_draws_from():
+    import numpy as np
+
+    from gpt.run.random_state import rng_state, set_rng_state
+
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    saved = json.loads(json.dumps({k: v for k, v in rng_state().items() if k not in ("torch", "cuda")}))
+    saved.update({k: v for k, v in rng_state().items() if k in ("torch", "cuda")})  # as a checkpoint keeps them
+    draws = (random.random(), np.random.rand(), torch.rand(3).tolist())
+    random.seed(2), np.random.seed(2), torch.manual_seed(2)
+    set_rng_state(saved)
+    assert (random.random(), np.random.rand(), torch.rand(3).tolist()) == draws
+
+
+def test_metrics_lines_stay_standard_json(tmp_path):
+    from gpt.training.metrics import Metrics
+
+    cfg = load_config(write_train_yaml(tmp_path, tmp_path / "tokens"))
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    sink = Metrics(run, cfg)
+    sink.log({"step": 1, "train_loss": float("nan"), "grad_norm": float("inf"), "lr": 1e-3})
+    sink.log({"step": 2, "train_loss": 4.5, "lr": 2e-3})
+    sink.close()
+    lines = run.metrics_file.read_text().splitlines()
+    assert [json.loads(line, parse_constant=lambda c: pytest.fail(f"not JSON: {c}")) for line in lines] == [
+        {"step": 1, "train_loss": "nan", "grad_norm": "inf", "lr": 1e-3},
+        {"step": 2, "train_loss": 4.5, "lr": 2e-3},
+    ]

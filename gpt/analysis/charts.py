@@ -81,8 +81,11 @@ class RunCharts(RunHooks):
 
 
 # A comparison's curves, each drawn into <key>.png of the comparison's folder: (metrics key, label, log scale)
-CURVES = (("train_loss", "training loss", False), ("val_loss", "validation loss", False),
-          ("grad_norm", "gradient norm (before clipping)", True))
+CURVES = (
+    ("train_loss", "training loss", False),
+    ("val_loss", "validation loss", False),
+    ("grad_norm", "gradient norm (before clipping)", True),
+)
 
 
 def comparison_charts(curves: list[tuple[str, list[list[dict]]]], rows: list[dict], out: Path) -> list[Path]:
@@ -99,12 +102,23 @@ def _plot_curve(colours, curves: list[tuple[str, list[list[dict]]]], curve: tupl
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
     for i, (label, runs) in enumerate(curves):
         for j, metrics in enumerate(runs):
-            pts = [(m["tokens"] / 1e6, m[key]) for m in metrics if isinstance(m.get(key), (int, float))
-                   and math.isfinite(m[key])]
+            pts = [
+                (m["tokens"] / 1e6, m[key])
+                for m in metrics
+                if isinstance(m.get(key), (int, float)) and math.isfinite(m[key])
+            ]
             if pts:
                 xs, ys = zip(*pts)
-                ax.plot(xs, ys, color=colours(i % 10), alpha=0.8, lw=1.2,
-                        marker="o" if key == "val_loss" else None, ms=3, label=label if j == 0 else None)
+                ax.plot(
+                    xs,
+                    ys,
+                    color=colours(i % 10),
+                    alpha=0.8,
+                    lw=1.2,
+                    marker="o" if key == "val_loss" else None,
+                    ms=3,
+                    label=label if j == 0 else None,
+                )
     ax.set_xlabel("tokens (millions)")
     ax.set_ylabel(ylabel)
     if log_y:
@@ -121,18 +135,30 @@ def _plot_curve(colours, curves: list[tuple[str, list[list[dict]]]], curve: tupl
 def _plot_test_loss(colours, rows: list[dict], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
     means = [r["test_loss_mean"] for r in rows]
-    errs = [(r["test_loss_ci95"][1] - r["test_loss_mean"]) if not math.isnan(r["test_loss_ci95"][1]) else 0
-            for r in rows]
-    ax.bar(range(len(rows)), [0 if math.isnan(m) else m for m in means], yerr=errs, capsize=5,
-           color=[colours(i % 10) for i in range(len(rows))])
+    errs = [
+        (r["test_loss_ci95"][1] - r["test_loss_mean"]) if not math.isnan(r["test_loss_ci95"][1]) else 0 for r in rows
+    ]
+    ax.bar(
+        range(len(rows)),
+        [0 if math.isnan(m) else m for m in means],
+        yerr=errs,
+        capsize=5,
+        color=[colours(i % 10) for i in range(len(rows))],
+    )
     finite = [m for m in means if not math.isnan(m)]
     if finite:
         span = max(finite) - min(finite)
         ax.set_ylim(min(finite) - max(span, 0.05) * 1.5, max(finite) + max(span, 0.05) * 1.5)
     bottom = ax.get_ylim()[0]
     for i, m in enumerate(means):  # no test loss (diverged, not evaluated): say so at the axis
-        ax.text(i, bottom if math.isnan(m) else m, "n/a" if math.isnan(m) else f"{m:.4f}", ha="center",
-                va="bottom", fontsize=8)
+        ax.text(
+            i,
+            bottom if math.isnan(m) else m,
+            "n/a" if math.isnan(m) else f"{m:.4f}",
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
     ax.set_xticks(range(len(rows)), [r["group"] for r in rows], rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("test loss (mean over seeds, 95% CI)")
     ax.set_title("held-out test loss by group")
@@ -141,4 +167,3 @@ def _plot_test_loss(colours, rows: list[dict], path: Path) -> Path:
     fig.savefig(path)
     plt.close(fig)
     return path
-

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpt.analysis.table import compare
-from gpt.config import Config, load_config
-from gpt.run.distributed import setup
 from gpt.common.errors import UserError
+from gpt.config import Config, load_config
 from gpt.evaluation.test_loss import EvalOptions, evaluate_checkpoint
 from gpt.run.directory import COMPLETED, FINISHED, INTERRUPTED, RunDir, read_eval_result
+from gpt.run.distributed import setup
 from gpt.training.loop import train
 
 
@@ -49,34 +49,49 @@ def cell_name(config: Path, norm_type: str, seed: int, init_seed: int | None = N
     return f"{Path(config).stem}-{norm_type.replace('_', '-')}{init}-s{seed}"
 
 
-def seed_pairs(seeds: list[int], init_seeds: list[int] | None = None,
-               data_seeds: list[int] | None = None) -> list[tuple[int | None, int]]:
+def seed_pairs(
+    seeds: list[int], init_seeds: list[int] | None = None, data_seeds: list[int] | None = None
+) -> list[tuple[int | None, int]]:
     """(init seed, data seed) of each cell of one norm type: ``seeds`` as (None, seed), or, with both
     ``init_seeds`` and ``data_seeds``, every pair of them crossed."""
     if (init_seeds is None) != (data_seeds is None):
-        raise UserError("--init-seeds and --data-seeds go together: every initialisation seed is trained with "
-                        "every data-order seed")
+        raise UserError(
+            "--init-seeds and --data-seeds go together: every initialisation seed is trained with every data-order seed"
+        )
     if init_seeds is None:
         return [(None, s) for s in seeds]
     for flag, values in (("--init-seeds", init_seeds), ("--data-seeds", data_seeds)):
         if len(set(values)) < 2:
-            raise UserError(f"{flag} needs at least two different seeds to split the noise (got "
-                            f"{' '.join(map(str, values))})")
+            raise UserError(
+                f"{flag} needs at least two different seeds to split the noise (got {' '.join(map(str, values))})"
+            )
     return [(i, dist) for i in init_seeds for dist in data_seeds]
 
 
-def plan(config: Path, norm_types: list[str], seeds: list[int], runs_dir: Path, overrides: list[str] = (),
-         seeds_for: dict[str, list[int]] | None = None, init_seeds: list[int] | None = None,
-         data_seeds: list[int] | None = None) -> list[Cell]:
+def plan(
+    config: Path,
+    norm_types: list[str],
+    seeds: list[int],
+    runs_dir: Path,
+    overrides: list[str] = (),
+    seeds_for: dict[str, list[int]] | None = None,
+    init_seeds: list[int] | None = None,
+    data_seeds: list[int] | None = None,
+) -> list[Cell]:
     """Every cell's resolved config, validated before anything runs. ``seeds_for`` gives some norm
     types other seeds than ``seeds``; ``init_seeds`` with ``data_seeds`` cross the two instead."""
     cells = []
     for norm_type in norm_types:
         for init, seed in seed_pairs((seeds_for or {}).get(norm_type, seeds), init_seeds, data_seeds):
             name = cell_name(config, norm_type, seed, init)
-            cell_overrides = [*overrides, f"model.norm_type={norm_type}", f"train.seed={seed}",
-                              *([f"model.init_seed={init}"] if init is not None else []),
-                              f"run.name={name}", f"run.dir={Path(runs_dir) / name}"]
+            cell_overrides = [
+                *overrides,
+                f"model.norm_type={norm_type}",
+                f"train.seed={seed}",
+                *([f"model.init_seed={init}"] if init is not None else []),
+                f"run.name={name}",
+                f"run.dir={Path(runs_dir) / name}",
+            ]
             cells.append(Cell(norm_type, seed, name, load_config(config, cell_overrides), cell_overrides))
     return cells
 
@@ -105,8 +120,10 @@ def train_cell(config: Path, cell: Cell, nproc: int, hooks_for=None) -> None:
         result = subprocess.run(train_command(config, cell, nproc))
         status = cell.run.status()  # the run's own word: torchrun's exit status is 1 for a clean SIGTERM too
         if status not in FINISHED:
-            raise UserError(f"{cell.name}: training stopped ({status}, exit status {result.returncode}); "
-                            "rerun the sweep to resume it")
+            raise UserError(
+                f"{cell.name}: training stopped ({status}, exit status {result.returncode}); "
+                "rerun the sweep to resume it"
+            )
         return
     summary = train(cell.cfg, resume="auto", hooks=hooks_for(cell.cfg) if hooks_for is not None else ())
     if summary["status"] == INTERRUPTED:
@@ -125,11 +142,25 @@ def evaluate_cell(cell: Cell, nproc: int, log, where: str) -> None:
         log(f"{where}: test loss {result['loss']:.6f} on {result['tokens']:,} tokens")
 
 
-def run_sweep(config: Path, norm_types: list[str], seeds: list[int], runs_dir: Path = Path("runs"), *,
-              seeds_for: dict[str, list[int]] | None = None, init_seeds: list[int] | None = None,
-              data_seeds: list[int] | None = None, nproc: int = 1, overrides: list[str] = (),
-              out: Path | None = None, baseline: str | None = None, equivalence_margin: float | None = None,
-              allow_differ: list[str] = (), dry_run: bool = False, log=print, hooks_for=None) -> dict | None:
+def run_sweep(
+    config: Path,
+    norm_types: list[str],
+    seeds: list[int],
+    runs_dir: Path = Path("runs"),
+    *,
+    seeds_for: dict[str, list[int]] | None = None,
+    init_seeds: list[int] | None = None,
+    data_seeds: list[int] | None = None,
+    nproc: int = 1,
+    overrides: list[str] = (),
+    out: Path | None = None,
+    baseline: str | None = None,
+    equivalence_margin: float | None = None,
+    allow_differ: list[str] = (),
+    dry_run: bool = False,
+    log=print,
+    hooks_for=None,
+) -> dict | None:
     """Run the grid of ``config`` x ``norm_types`` x ``seeds`` (``seeds_for`` a norm type: its own; or
     ``init_seeds`` x ``data_seeds`` crossed) in ``runs_dir``, ``nproc`` processes per run, and compare the
     cells into ``out``; returns the comparison (None for a dry run, which only logs the commands).
@@ -152,8 +183,20 @@ def run_sweep(config: Path, norm_types: list[str], seeds: list[int], runs_dir: P
         if cell.run.status() == COMPLETED:
             evaluate_cell(cell, nproc, log, where)
     if dry_run:
-        log(shlex.join([sys.executable, "-m", "gpt.commands.compare", *[str(c.run.path) for c in cells], "--out", str(out),
-                        *[a for key in allow_differ for a in ("--allow-differ", key)]]))
+        log(
+            shlex.join(
+                [
+                    sys.executable,
+                    "-m",
+                    "gpt.commands.compare",
+                    *[str(c.run.path) for c in cells],
+                    "--out",
+                    str(out),
+                    *[a for key in allow_differ for a in ("--allow-differ", key)],
+                ]
+            )
+        )
         return None
-    return compare([c.run.path for c in cells], out, baseline, equivalence_margin=equivalence_margin,
-                   allow_differ=allow_differ)
+    return compare(
+        [c.run.path for c in cells], out, baseline, equivalence_margin=equivalence_margin, allow_differ=allow_differ
+    )

@@ -48,5 +48,8 @@ def percentile(values: list[float], q: float) -> float:
 
 def step_stats(seconds: list[float]) -> dict:
     """Median and spread (10th and 90th percentiles) of step times, in milliseconds."""
-    return {"ms_per_step": 1e3 * statistics.median(seconds), "ms_p10": 1e3 * percentile(seconds, 10),
-            "ms_p90": 1e3 * percentile(seconds, 90)}
+    return {
+        "ms_per_step": 1e3 * statistics.median(seconds),
+        "ms_p10": 1e3 * percentile(seconds, 10),
+        "ms_p90": 1e3 * percentile(seconds, 90),
+    }

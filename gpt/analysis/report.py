@@ -17,14 +17,20 @@ def markdown(result: dict) -> str:
         lines += [f"Baseline: {result['baseline_rule']}.", ""]
     if result["test_range"]:
         t = result["test_range"]
-        lines += [f"Test loss: mean cross-entropy over {t['split']} tokens [{t['offset']:,}, "
-                  f"{t['offset'] + t['n_tokens']:,}) of {t['data_dir']} ({t['tokenizer']}), {t['precision']}.", ""]
+        lines += [
+            f"Test loss: mean cross-entropy over {t['split']} tokens [{t['offset']:,}, "
+            f"{t['offset'] + t['n_tokens']:,}) of {t['data_dir']} ({t['tokenizer']}), {t['precision']}.",
+            "",
+        ]
     lines += shared_lines(result)
     lines += _main_table(result["groups"])
-    lines += ["", "Intervals: t distribution; 'paired' pairs runs by seed (same initial weights outside the norm), "
-              "'welch' is unpaired. n/a: fewer than two seeds. Statistics use completed, evaluated runs only. "
-              "skipped steps: updates dropped for a non-finite gradient (fp16 overflow, divergence); a run with "
-              "any trained on fewer updates than the rest."]
+    lines += [
+        "",
+        "Intervals: t distribution; 'paired' pairs runs by seed (same initial weights outside the norm), "
+        "'welch' is unpaired. n/a: fewer than two seeds. Statistics use completed, evaluated runs only. "
+        "skipped steps: updates dropped for a non-finite gradient (fp16 overflow, divergence); a run with "
+        "any trained on fewer updates than the rest.",
+    ]
     lines += _noise_table(result)
     lines += _sources_lines(result["groups"])
     left_out = [(g["group"], x) for g in result["groups"] for x in g["left_out"]]
@@ -68,26 +74,37 @@ def shared_lines(result: dict) -> list[str]:
     lines = ["## What every run shares", ""]
     if "total_steps" in s and "train.global_batch_size" in s and "model.context_length" in s:
         per_step = s["train.global_batch_size"] * s["model.context_length"]
-        lines.append(f"- length: {s['total_steps']:,} steps x {per_step:,} tokens = {s['total_steps'] * per_step:,} "
-                     "tokens")
+        lines.append(
+            f"- length: {s['total_steps']:,} steps x {per_step:,} tokens = {s['total_steps'] * per_step:,} tokens"
+        )
     if "train.precision" in s:
-        lines.append(f"- precision as used: {s['train.precision']}; compile {_on_off(s.get('train.compile'))}; "
-                     f"TF32 {_on_off(s.get('train.tf32'))}")
+        lines.append(
+            f"- precision as used: {s['train.precision']}; compile {_on_off(s.get('train.compile'))}; "
+            f"TF32 {_on_off(s.get('train.tf32'))}"
+        )
     if "hardware.device" in s:
-        lines.append(f"- hardware: {s.get('hardware.world_size', '?')} x {s.get('hardware.name', '?')} "
-                     f"({s['hardware.device']}), micro-batch {s.get('train.micro_batch_size', '?')}, gradient "
-                     f"accumulation {s.get('train.grad_accum', '?')}; torch {s.get('software.torch', '?')}"
-                     + (f", CUDA {s['software.cuda']}" if s.get("software.cuda") else ""))
+        lines.append(
+            f"- hardware: {s.get('hardware.world_size', '?')} x {s.get('hardware.name', '?')} "
+            f"({s['hardware.device']}), micro-batch {s.get('train.micro_batch_size', '?')}, gradient "
+            f"accumulation {s.get('train.grad_accum', '?')}; torch {s.get('software.torch', '?')}"
+            + (f", CUDA {s['software.cuda']}" if s.get("software.cuda") else "")
+        )
     if "code.source" in s:
         commit = s.get("code.commit")
-        where = (f"commit {commit[:10]}{' with uncommitted changes' if s.get('code.dirty') else ''}" if commit
-                 else "not a git checkout")
-        lines.append(f"- code: gpt-norm-harness {s.get('code.version') or '?'}, {where}; source sha256 "
-                     f"{s['code.source'][:12]}")
+        where = (
+            f"commit {commit[:10]}{' with uncommitted changes' if s.get('code.dirty') else ''}"
+            if commit
+            else "not a git checkout"
+        )
+        lines.append(
+            f"- code: gpt-norm-harness {s.get('code.version') or '?'}, {where}; source sha256 {s['code.source'][:12]}"
+        )
     data = [x for x in (_identity(s, "train"), _identity(s, "val")) if x]
     if data or "evaluation.test" in s:
-        lines.append(f"- data: tokenizer {s.get('data.tokenizer', '?')}; " + "; ".join(
-            data + ([f"test {s['evaluation.test']}"] if "evaluation.test" in s else [])))
+        lines.append(
+            f"- data: tokenizer {s.get('data.tokenizer', '?')}; "
+            + "; ".join(data + ([f"test {s['evaluation.test']}"] if "evaluation.test" in s else []))
+        )
     lines += _decay_lines(result)
     for key, values in (result.get("allowed_to_differ") or {}).items():
         listed = "; ".join(f"{v['value']} ({', '.join(v['runs'])})" for v in values)
@@ -95,8 +112,10 @@ def shared_lines(result: dict) -> list[str]:
     if result.get("varied"):
         lines.append(f"- varied (--vary, one group per value): {', '.join(result['varied'])}")
     if result.get("without_fingerprint"):
-        lines.append("- no fingerprint (trained before fingerprints were recorded; compared on their configs "
-                     f"only): {', '.join(result['without_fingerprint'])}")
+        lines.append(
+            "- no fingerprint (trained before fingerprints were recorded; compared on their configs "
+            f"only): {', '.join(result['without_fingerprint'])}"
+        )
     return lines + [""]
 
 
@@ -107,16 +126,21 @@ def _decay_lines(result: dict) -> list[str]:
         return []
     if not decay or not norms:
         return [f"- weight decay {decay:g} on weight matrices only: no norm parameter is decayed"]
-    counts = ", ".join(f"{g['group']} {g['decayed_norm_params']:,}" for g in result["groups"]
-                       if g["decayed_norm_params"] is not None)
-    return [f"- weight decay {decay:g} on every parameter, **norm parameters included** "
-            f"(optim.decay_norms_and_biases: true, the write-up's choice): it pulls norm gains and DyT's alpha toward "
-            f"0, unequally across norm types; decayed norm parameters: {counts or 'n/a'}"]
+    counts = ", ".join(
+        f"{g['group']} {g['decayed_norm_params']:,}" for g in result["groups"] if g["decayed_norm_params"] is not None
+    )
+    return [
+        f"- weight decay {decay:g} on every parameter, **norm parameters included** "
+        f"(optim.decay_norms_and_biases: true, the write-up's choice): it pulls norm gains and DyT's alpha toward "
+        f"0, unequally across norm types; decayed norm parameters: {counts or 'n/a'}"
+    ]
 
 
 def _main_table(rows: list[dict]) -> list[str]:
-    lines = ["| group | seeds | test loss mean | std | vs baseline (95% CI) | tokens/s | wall s | skipped steps "
-             "| status |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| group | seeds | test loss mean | std | vs baseline (95% CI) | tokens/s | wall s | skipped steps | status |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for g in rows:
         v = g["vs_baseline"]
         if v is None:
@@ -133,10 +157,12 @@ def _main_table(rows: list[dict]) -> list[str]:
             status += f"; {len(g['missing_evaluation'])} not evaluated"
         skipped = g["skipped_steps"]
         skipped = ("**" + ", ".join(f"seed {seed}: {n:,}" for seed, n in skipped.items()) + "**") if skipped else "0"
-        lines.append(f"| {g['group']} | {len(g['seeds'])} ({', '.join(g['seeds'])}) | "
-                     f"{_fmt(g['test_loss_mean'], '.6f')} | {_fmt(g['test_loss_std'], '.6f')} | {versus} | "
-                     f"{_fmt(g['tokens_per_s_mean'], ',.0f')} | {_fmt(g['wall_seconds_mean'], ',.0f')} | {skipped} | "
-                     f"{status} |")
+        lines.append(
+            f"| {g['group']} | {len(g['seeds'])} ({', '.join(g['seeds'])}) | "
+            f"{_fmt(g['test_loss_mean'], '.6f')} | {_fmt(g['test_loss_std'], '.6f')} | {versus} | "
+            f"{_fmt(g['tokens_per_s_mean'], ',.0f')} | {_fmt(g['wall_seconds_mean'], ',.0f')} | {skipped} | "
+            f"{status} |"
+        )
     return lines
 
 
@@ -144,9 +170,14 @@ def _noise_table(result: dict) -> list[str]:
     margin = result["equivalence_margin"]
     level, power = round(result["level"] * 100), round(result["power"] * 100)
     verdict_head = f"equivalent within +-{margin:g} (TOST p)" if margin is not None else "equivalent"
-    lines = ["", f"## Noise and seeds needed (paired differences vs {result['baseline']})", "",
-             f"| group | pairs | sd of paired diff | smallest resolvable diff | seeds to resolve observed diff "
-             f"| {verdict_head} |", "|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        f"## Noise and seeds needed (paired differences vs {result['baseline']})",
+        "",
+        f"| group | pairs | sd of paired diff | smallest resolvable diff | seeds to resolve observed diff "
+        f"| {verdict_head} |",
+        "|---|---|---|---|---|---|",
+    ]
     for g in result["groups"]:
         v = g["vs_baseline"]
         if v is None:
@@ -154,20 +185,25 @@ def _noise_table(result: dict) -> list[str]:
         pairs = str(v["n"]) if v["method"] == "paired" else f"0 ({v['method'] or 'no runs'})"
         if v["unpaired"]:
             pairs += f"; unpaired seeds: {', '.join(v['unpaired'])}"
-        lines.append(f"| {g['group']} | {pairs} | {_loss(v['sd'])} | {_loss(v['resolvable_diff'])} | "
-                     f"{_seeds_needed_text(v)} | {_equivalence_text(v, margin)} |")
-    lines += ["", "- pairs: seeds that both this group and the baseline completed and evaluated; "
-              "each gives one difference d = loss - baseline loss.",
-              "- sd of paired diff: the sample standard deviation of those differences (the seed-to-seed noise "
-              "that pairing leaves).",
-              f"- smallest resolvable diff: the true mean difference that these pairs find with {power}% power in a "
-              f"two-sided paired t test at {level}% confidence, the sd taken as the truth.",
-              f"- seeds to resolve observed diff: the fewest pairs with which that test finds the observed mean "
-              f"difference with {power}% power.",
-              "- Both are exact: the power of the paired t test comes from the noncentral t distribution "
-              "(scipy.stats.nct), not the central-t shortcut, which overstates it at a few seeds.",
-              "- equivalent within +-margin (--equivalence-margin): two one-sided t tests at 5% each, i.e. the "
-              "90% interval lies inside +-margin; 'not shown' means a difference of the margin is not ruled out."]
+        lines.append(
+            f"| {g['group']} | {pairs} | {_loss(v['sd'])} | {_loss(v['resolvable_diff'])} | "
+            f"{_seeds_needed_text(v)} | {_equivalence_text(v, margin)} |"
+        )
+    lines += [
+        "",
+        "- pairs: seeds that both this group and the baseline completed and evaluated; "
+        "each gives one difference d = loss - baseline loss.",
+        "- sd of paired diff: the sample standard deviation of those differences (the seed-to-seed noise "
+        "that pairing leaves).",
+        f"- smallest resolvable diff: the true mean difference that these pairs find with {power}% power in a "
+        f"two-sided paired t test at {level}% confidence, the sd taken as the truth.",
+        f"- seeds to resolve observed diff: the fewest pairs with which that test finds the observed mean "
+        f"difference with {power}% power.",
+        "- Both are exact: the power of the paired t test comes from the noncentral t distribution "
+        "(scipy.stats.nct), not the central-t shortcut, which overstates it at a few seeds.",
+        "- equivalent within +-margin (--equivalence-margin): two one-sided t tests at 5% each, i.e. the "
+        "90% interval lies inside +-margin; 'not shown' means a difference of the margin is not ruled out.",
+    ]
     return lines
 
 
@@ -188,8 +224,11 @@ def _equivalence_text(v: dict, margin: float | None) -> str:
     return f"{'yes' if eq['equivalent'] else 'not shown'} (p = {eq['p']:.3g})"
 
 
-SOURCES = (("init", "initial weights (model.init_seed)"), ("data", "data order (train.seed)"),
-           ("residual", "what remains (their interaction)"))
+SOURCES = (
+    ("init", "initial weights (model.init_seed)"),
+    ("data", "data order (train.seed)"),
+    ("residual", "what remains (their interaction)"),
+)
 
 
 def _sources_lines(rows: list[dict]) -> list[str]:
@@ -201,19 +240,32 @@ def _sources_lines(rows: list[dict]) -> list[str]:
     for group, n in crossed:
         design = f"{len(n['init_seeds'])} initialisation seeds x {len(n['data_seeds'])} data-order seeds"
         if n["missing"]:
-            lines += ["", f"{group}: {design}, incomplete: no evaluated run for init/data {', '.join(n['missing'])}; "
-                          "complete the grid (the sweep's --init-seeds / --data-seeds) to split the variance."]
+            lines += [
+                "",
+                f"{group}: {design}, incomplete: no evaluated run for init/data {', '.join(n['missing'])}; "
+                "complete the grid (the sweep's --init-seeds / --data-seeds) to split the variance.",
+            ]
             continue
         level = round(n["level"] * 100)
-        lines += ["", f"{group}: {design}, test loss mean {n['mean']:.6f}, total variance {n['total_variance']:.3g}.",
-                  "", f"| source | sd | variance | {level}% interval (variance) | share |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"{group}: {design}, test loss mean {n['mean']:.6f}, total variance {n['total_variance']:.3g}.",
+            "",
+            f"| source | sd | variance | {level}% interval (variance) | share |",
+            "|---|---|---|---|---|",
+        ]
         for key, name in SOURCES:
             c = n["components"][key]
             negative = " (estimate < 0, shown as 0)" if c["estimate"] < 0 else ""
-            lines.append(f"| {name} | {c['sd']:.3g} | {c['variance']:.3g}{negative} | [{c['low']:.3g}, "
-                         f"{c['high']:.3g}] | {_fmt(c['share'] * 100, '.0f')}% |")
-    lines += ["", "- Two-way random-effects ANOVA without replication (one run per seed pair): variance from the "
-              "initial weights, from the data order, and the rest; method-of-moments estimates, intervals exact "
-              "(chi-square) for the rest and Graybill-Wang modified large-sample for the two others; a few seeds "
-              "give wide intervals."]
+            lines.append(
+                f"| {name} | {c['sd']:.3g} | {c['variance']:.3g}{negative} | [{c['low']:.3g}, "
+                f"{c['high']:.3g}] | {_fmt(c['share'] * 100, '.0f')}% |"
+            )
+    lines += [
+        "",
+        "- Two-way random-effects ANOVA without replication (one run per seed pair): variance from the "
+        "initial weights, from the data order, and the rest; method-of-moments estimates, intervals exact "
+        "(chi-square) for the rest and Graybill-Wang modified large-sample for the two others; a few seeds "
+        "give wide intervals.",
+    ]
     return lines

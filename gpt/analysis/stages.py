@@ -15,14 +15,15 @@ a summary can be rewritten each time.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 PASSED, FAILED, TIMED_OUT, CUT, SKIPPED = "passed", "failed", "timed out", "cut", "skipped"
 GRACE_S = 5.0  # how long a stopped stage may take to end before it is killed
@@ -57,9 +58,15 @@ class Outcome:
         return self.status in (FAILED, TIMED_OUT)
 
 
-def run_stages(stages: list[Stage], out: Path, budget_s: float, *, reserve_s: float = GRACE_S + 5.0,
-               on_stage: Callable[[list[Outcome]], None] = lambda outcomes: None,
-               clock: Callable[[], float] = time.monotonic) -> list[Outcome]:
+def run_stages(
+    stages: list[Stage],
+    out: Path,
+    budget_s: float,
+    *,
+    reserve_s: float = GRACE_S + 5.0,
+    on_stage: Callable[[list[Outcome]], None] = lambda outcomes: None,
+    clock: Callable[[], float] = time.monotonic,
+) -> list[Outcome]:
     """Run ``stages`` in order inside ``budget_s`` seconds (``reserve_s`` of it kept for stopping a stage
     that runs over and for the caller's last words), appending each one's output to ``out / stage.log``;
     returns every stage's outcome."""
@@ -67,7 +74,7 @@ def run_stages(stages: list[Stage], out: Path, budget_s: float, *, reserve_s: fl
     for i, stage in enumerate(stages):
         left = budget_s - reserve_s - (clock() - start)
         cap = stage.max_s if stage.max_s is not None else left
-        limit = min(cap, left - sum(s.min_s for s in stages[i + 1:]))  # room left for every later stage
+        limit = min(cap, left - sum(s.min_s for s in stages[i + 1 :]))  # room left for every later stage
         if limit < stage.min_s:  # not enough for all: this one first, with what is left
             limit = min(cap, left)
         if limit < stage.min_s:
@@ -102,10 +109,8 @@ def _stop_group(proc: subprocess.Popen, grace_s: float = GRACE_S) -> None:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:  # the whole group is gone
             break
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def _tail(path: Path, offset: int, lines: int = 5) -> list[str]:

@@ -46,8 +46,14 @@ def paired(diffs: list[float], level: float = LEVEL) -> dict:
 def welch(xa: list[float], xb: list[float], level: float = LEVEL) -> dict:
     """Difference of means of two unpaired samples, with Welch's t interval."""
     diff = float(np.mean(xa) - np.mean(xb))
-    out = {"method": "welch", "diff": diff, "low": math.nan, "high": math.nan, "n": min(len(xa), len(xb)),
-           "sd": math.nan}
+    out = {
+        "method": "welch",
+        "diff": diff,
+        "low": math.nan,
+        "high": math.nan,
+        "n": min(len(xa), len(xb)),
+        "sd": math.nan,
+    }
     if len(xa) < 2 or len(xb) < 2:
         return out
     va, vb = np.var(xa, ddof=1) / len(xa), np.var(xb, ddof=1) / len(xb)
@@ -81,12 +87,12 @@ def resolvable_difference(sd: float, n: int, level: float = LEVEL, target: float
     high = (_t(0.5 + level / 2, n - 1) + _t(target, n - 1)) * sd / math.sqrt(n)  # the central-t shortcut
     while power(high, sd, n, level) < target:  # the shortcut falls short: widen until the power is reached
         high *= 2
-    return float(optimize.brentq(lambda delta: power(delta, sd, n, level) - target, 0.0, high, xtol=1e-15,
-                                 rtol=1e-12))
+    return float(optimize.brentq(lambda delta: power(delta, sd, n, level) - target, 0.0, high, xtol=1e-15, rtol=1e-12))
 
 
-def seeds_needed(diff: float, sd: float, level: float = LEVEL, target: float = POWER,
-                 max_seeds: int = MAX_SEEDS) -> int | None:
+def seeds_needed(
+    diff: float, sd: float, level: float = LEVEL, target: float = POWER, max_seeds: int = MAX_SEEDS
+) -> int | None:
     """The fewest pairs (>= 2) with which the paired t test finds a true difference ``diff`` with probability
     ``target`` (the spread sd taken as the truth); None when there is nothing to resolve (diff 0 or unknown)
     or more than ``max_seeds`` would be needed. The power grows with n, so this bisects."""
@@ -144,38 +150,67 @@ def variance_components(losses: np.ndarray, level: float = LEVEL) -> dict:
         raise ValueError(f"a crossed design needs at least 2 x 2 runs, got {n_init} x {n_data}")
     grand, rows, cols = y.mean(), y.mean(axis=1), y.mean(axis=0)
     df = {"init": n_init - 1, "data": n_data - 1, "residual": (n_init - 1) * (n_data - 1)}
-    ms = {"init": n_data * float(((rows - grand) ** 2).sum()) / df["init"],
-          "data": n_init * float(((cols - grand) ** 2).sum()) / df["data"],
-          "residual": float(((y - rows[:, None] - cols[None, :] + grand) ** 2).sum()) / df["residual"]}
+    ms = {
+        "init": n_data * float(((rows - grand) ** 2).sum()) / df["init"],
+        "data": n_init * float(((cols - grand) ** 2).sum()) / df["data"],
+        "residual": float(((y - rows[:, None] - cols[None, :] + grand) ** 2).sum()) / df["residual"],
+    }
     alpha = (1 - level) / 2
-    residual = (df["residual"] * ms["residual"] / float(stats.chi2.ppf(1 - alpha, df["residual"])),
-                df["residual"] * ms["residual"] / float(stats.chi2.ppf(alpha, df["residual"])))
-    parts = {"init": ((ms["init"] - ms["residual"]) / n_data,
-                      _difference_interval(ms["init"], df["init"], ms["residual"], df["residual"], 1 / n_data, alpha)),
-             "data": ((ms["data"] - ms["residual"]) / n_init,
-                      _difference_interval(ms["data"], df["data"], ms["residual"], df["residual"], 1 / n_init, alpha)),
-             "residual": (ms["residual"], residual)}
+    residual = (
+        df["residual"] * ms["residual"] / float(stats.chi2.ppf(1 - alpha, df["residual"])),
+        df["residual"] * ms["residual"] / float(stats.chi2.ppf(alpha, df["residual"])),
+    )
+    parts = {
+        "init": (
+            (ms["init"] - ms["residual"]) / n_data,
+            _difference_interval(ms["init"], df["init"], ms["residual"], df["residual"], 1 / n_data, alpha),
+        ),
+        "data": (
+            (ms["data"] - ms["residual"]) / n_init,
+            _difference_interval(ms["data"], df["data"], ms["residual"], df["residual"], 1 / n_init, alpha),
+        ),
+        "residual": (ms["residual"], residual),
+    }
     total = sum(max(est, 0.0) for est, _ in parts.values())
-    components = {name: {"variance": max(est, 0.0), "estimate": est, "sd": math.sqrt(max(est, 0.0)),
-                         "low": max(low, 0.0), "high": max(high, 0.0), "share": max(est, 0.0) / total if total else
-                         math.nan, "mean_square": ms[name], "df": df[name]}
-                  for name, (est, (low, high)) in parts.items()}
-    return {"n_init": n_init, "n_data": n_data, "mean": float(grand), "level": level, "total_variance": total,
-            "components": components}
+    components = {name: _component(est, interval, total, ms[name], df[name]) for name, (est, interval) in parts.items()}
+    return {
+        "n_init": n_init,
+        "n_data": n_data,
+        "mean": float(grand),
+        "level": level,
+        "total_variance": total,
+        "components": components,
+    }
+
+
+def _component(estimate: float, interval: tuple[float, float], total: float, mean_square: float, df: int) -> dict:
+    """One variance component as reported: a negative estimate (and interval end) read as 0."""
+    variance = max(estimate, 0.0)
+    return {
+        "variance": variance,
+        "estimate": estimate,
+        "sd": math.sqrt(variance),
+        "low": max(interval[0], 0.0),
+        "high": max(interval[1], 0.0),
+        "share": variance / total if total else math.nan,
+        "mean_square": mean_square,
+        "df": df,
+    }
 
 
 def _difference_interval(ms1: float, df1: int, ms2: float, df2: int, c: float, alpha: float) -> tuple[float, float]:
     """Graybill and Wang's modified large-sample interval for ``c * (E[ms1] - E[ms2])``, two-sided with
     ``alpha`` in each tail (Burdick and Graybill 1992, eq. 3.8 and 3.9)."""
+
     def chi_f(q: float, df: int) -> float:  # the F(df, infinity) quantile
         return float(stats.chi2.ppf(q, df)) / df
 
     f_hi, f_lo = float(stats.f.ppf(1 - alpha, df1, df2)), float(stats.f.ppf(alpha, df1, df2))
     g1, h1 = 1 - 1 / chi_f(1 - alpha, df1), 1 / chi_f(alpha, df1) - 1
     g2, h2 = 1 - 1 / chi_f(1 - alpha, df2), 1 / chi_f(alpha, df2) - 1
-    g12 = ((f_hi - 1) ** 2 - g1 ** 2 * f_hi ** 2 - h2 ** 2) / f_hi
-    h12 = ((1 - f_lo) ** 2 - h1 ** 2 * f_lo ** 2 - g2 ** 2) / f_lo
+    g12 = ((f_hi - 1) ** 2 - g1**2 * f_hi**2 - h2**2) / f_hi
+    h12 = ((1 - f_lo) ** 2 - h1**2 * f_lo**2 - g2**2) / f_lo
     estimate = c * (ms1 - ms2)
-    low = estimate - c * math.sqrt(max(g1 ** 2 * ms1 ** 2 + h2 ** 2 * ms2 ** 2 + g12 * ms1 * ms2, 0.0))
-    high = estimate + c * math.sqrt(max(h1 ** 2 * ms1 ** 2 + g2 ** 2 * ms2 ** 2 + h12 * ms1 * ms2, 0.0))
+    low = estimate - c * math.sqrt(max(g1**2 * ms1**2 + h2**2 * ms2**2 + g12 * ms1 * ms2, 0.0))
+    high = estimate + c * math.sqrt(max(h1**2 * ms1**2 + g2**2 * ms2**2 + h12 * ms1 * ms2, 0.0))
     return low, high

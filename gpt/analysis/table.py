@@ -35,13 +35,12 @@ from pathlib import Path
 import numpy as np
 
 from gpt.analysis import stats
-from gpt.config import flatten
-from gpt.common.errors import UserError
-from gpt.run.fingerprint import computation, informational, shown
-from gpt.config import NORM_TYPES
-from gpt.analysis.report import markdown
 from gpt.analysis.charts import comparison_charts
+from gpt.analysis.report import markdown
+from gpt.common.errors import UserError
+from gpt.config import NORM_TYPES, flatten
 from gpt.run.directory import COMPARISON_FILE, COMPLETED, DIVERGED, RunDir, read_eval_result
+from gpt.run.fingerprint import computation, informational, shown
 
 AXIS = "model.norm_type"  # what a comparison compares
 SEED_KEYS = ("train.seed", "model.init_seed")  # the repeats within a group
@@ -112,8 +111,14 @@ class Group:
         return {r.seed: r.evaluation["loss"] for r in self.runs if r.usable}
 
 
-def load_run(path: Path, which: str = "final", split: str = "test", precision: str = "fp32",
-             tokens: int | None = None, offset: int | None = None) -> Run:
+def load_run(
+    path: Path,
+    which: str = "final",
+    split: str = "test",
+    precision: str = "fp32",
+    tokens: int | None = None,
+    offset: int | None = None,
+) -> Run:
     """A run directory and the evaluation of its checkpoint ``which`` on ``split`` in ``precision``: over the
     run's configured test range, or, given ``tokens``, over [offset, offset + tokens) (``offset`` defaulting to
     the run's data.test_offset), as ``evaluate.py --tokens / --offset`` kept it."""
@@ -129,8 +134,9 @@ def load_run(path: Path, which: str = "final", split: str = "test", precision: s
     start = config.get("data.test_offset", 0) if offset is None else offset
     span = None if tokens is None else (start, start + tokens)
     evaluation = read_eval_result(ckpt, split, precision, span) if ckpt is not None else None
-    return Run(path, config, run.status(), summary, run.metrics(), evaluation,
-               computation(config, summary.get("segments")))
+    return Run(
+        path, config, run.status(), summary, run.metrics(), evaluation, computation(config, summary.get("segments"))
+    )
 
 
 def _named(key: str, names) -> bool:
@@ -139,8 +145,11 @@ def _named(key: str, names) -> bool:
 
 
 def _compared_keys(runs: list[Run]) -> list[str]:
-    return sorted(k for k in {k for r in runs for k in r.view} if not k.startswith(NOT_COMPARED)
-                  and k != AXIS and k not in SEED_KEYS)
+    return sorted(
+        k
+        for k in {k for r in runs for k in r.view}
+        if not k.startswith(NOT_COMPARED) and k != AXIS and k not in SEED_KEYS
+    )
 
 
 NOT_RECORDED = "not recorded"  # a key a run has no value for (a run from before fingerprints)
@@ -165,9 +174,11 @@ def check_names(runs: list[Run], vary: list[str], allow_differ: list[str]) -> No
     for flag, names in (("--vary", vary), ("--allow-differ", allow_differ)):
         for name in names:
             if not any(_named(k, [name]) for k in keys):
-                raise UserError(f"{flag} {name}: no such key in these runs' configs or fingerprints; keys are "
-                                "dotted like optim.lr, train.precision, hardware.name, data.train.sha256 (a prefix "
-                                "such as data.train names every key under it)")
+                raise UserError(
+                    f"{flag} {name}: no such key in these runs' configs or fingerprints; keys are "
+                    "dotted like optim.lr, train.precision, hardware.name, data.train.sha256 (a prefix "
+                    "such as data.train names every key under it)"
+                )
 
 
 def check_only_the_norm_differs(runs: list[Run], vary: list[str], allow_differ: list[str]) -> dict[str, list]:
@@ -184,10 +195,12 @@ def check_only_the_norm_differs(runs: list[Run], vary: list[str], allow_differ: 
             else:
                 differing.append(f"{key}: {_listed(by_value)}")
     if differing:
-        raise UserError("these runs differ in more than the norm and the seeds, so a difference between them "
-                        f"would not be the norm's: {' | '.join(differing)}; compare runs that differ only in "
-                        "model.norm_type and seeds, or name each key: --vary KEY (an axis of the table) or "
-                        "--allow-differ KEY (accepted, and said in the report)")
+        raise UserError(
+            "these runs differ in more than the norm and the seeds, so a difference between them "
+            f"would not be the norm's: {' | '.join(differing)}; compare runs that differ only in "
+            "model.norm_type and seeds, or name each key: --vary KEY (an axis of the table) or "
+            "--allow-differ KEY (accepted, and said in the report)"
+        )
     return allowed
 
 
@@ -202,8 +215,10 @@ def group_runs(runs: list[Run], vary: list[str] = ()) -> list[Group]:
     for g in groups.values():
         seeds = [r.seed for r in g.runs]
         if len(seeds) != len(set(seeds)):
-            raise UserError(f"group {g.label!r} has two runs with the same seed and config: "
-                            + ", ".join(str(r.path) for r in g.runs))
+            raise UserError(
+                f"group {g.label!r} has two runs with the same seed and config: "
+                + ", ".join(str(r.path) for r in g.runs)
+            )
 
     def order(g: Group):
         norm = g.values[AXIS]
@@ -224,10 +239,13 @@ def choose_baseline(groups: list[Group], baseline: str | None) -> tuple[str, str
         return DEFAULT_BASELINE, f"the default, {DEFAULT_BASELINE}, the write-up's baseline"
     first = [g for g in groups if g.values[AXIS] == groups[0].values[AXIS]]
     if len(first) > 1:
-        raise UserError(f"no default baseline among groups that differ in more than the norm: give --baseline, "
-                        f"one of: {', '.join(labels)}")
-    return labels[0], (f"the first norm type of these runs in the write-up's order ({', '.join(NORM_TYPES)}); "
-                       "--baseline names another")
+        raise UserError(
+            f"no default baseline among groups that differ in more than the norm: give --baseline, "
+            f"one of: {', '.join(labels)}"
+        )
+    return labels[0], (
+        f"the first norm type of these runs in the write-up's order ({', '.join(NORM_TYPES)}); --baseline names another"
+    )
 
 
 def _refuse_mixed(what: str, by_key: dict, describe, fix: str) -> None:
@@ -253,16 +271,25 @@ def check_comparable(runs: list[Run]) -> None:
     for r in runs:
         if r.evaluation is not None:
             e = r.evaluation
-            ranges.setdefault((e["split"], e["offset"], e["n_tokens"], e["tokenizer"], tokens_evaluated(e)), []).append(r)
+            ranges.setdefault((e["split"], e["offset"], e["n_tokens"], e["tokenizer"], tokens_evaluated(e)), []).append(
+                r
+            )
         if r.summary.get("total_steps") is not None:
             per_step = r.config["train.global_batch_size"] * r.config["model.context_length"]
             budgets.setdefault((r.summary["total_steps"], r.summary["total_steps"] * per_step), []).append(r)
-    _refuse_mixed("were evaluated on different test tokens", ranges,
-                  lambda k: f"{k[0]} [{k[1]:,}, {k[1] + k[2]:,}) tokenizer {k[3]} {k[4]}",
-                  "re-evaluate them on one range of one token set")
-    _refuse_mixed("trained for different lengths", budgets, lambda k: f"{k[0]:,} steps = {k[1]:,} tokens",
-                  "train every run for the same train.steps or train.tokens (train.tokens_per_param counts the "
-                  "parameters outside the norm layers, the same for every norm type)")
+    _refuse_mixed(
+        "were evaluated on different test tokens",
+        ranges,
+        lambda k: f"{k[0]} [{k[1]:,}, {k[1] + k[2]:,}) tokenizer {k[3]} {k[4]}",
+        "re-evaluate them on one range of one token set",
+    )
+    _refuse_mixed(
+        "trained for different lengths",
+        budgets,
+        lambda k: f"{k[0]:,} steps = {k[1]:,} tokens",
+        "train every run for the same train.steps or train.tokens (train.tokens_per_param counts the "
+        "parameters outside the norm layers, the same for every norm type)",
+    )
 
 
 def difference(group: Group, baseline: Group) -> dict:
@@ -270,8 +297,15 @@ def difference(group: Group, baseline: Group) -> dict:
     unpaired interval is possible anyway); otherwise Welch's unpaired interval over all their runs."""
     a, b = group.losses_by_seed(), baseline.losses_by_seed()
     if not a or not b:
-        return {"method": None, "diff": math.nan, "low": math.nan, "high": math.nan, "n": 0, "sd": math.nan,
-                "unpaired": []}
+        return {
+            "method": None,
+            "diff": math.nan,
+            "low": math.nan,
+            "high": math.nan,
+            "n": 0,
+            "sd": math.nan,
+            "unpaired": [],
+        }
     shared = sorted(set(a) & set(b))
     unpaired = sorted(set(a) ^ set(b))
     if len(shared) >= 2 or (shared and min(len(a), len(b)) < 2):
@@ -284,9 +318,11 @@ def noise(versus: dict, diffs: list[float], margin: float | None) -> dict:
     the pairs needed to resolve the observed one, and (with a margin) equivalence."""
     if versus["method"] != "paired" or versus["n"] < 2:
         return {"resolvable_diff": math.nan, "seeds_needed": None, "equivalence": None}
-    return {"resolvable_diff": stats.resolvable_difference(versus["sd"], versus["n"]),
-            "seeds_needed": stats.seeds_needed(versus["diff"], versus["sd"]),
-            "equivalence": stats.equivalence(diffs, margin) if margin is not None else None}
+    return {
+        "resolvable_diff": stats.resolvable_difference(versus["sd"], versus["n"]),
+        "seeds_needed": stats.seeds_needed(versus["diff"], versus["sd"]),
+        "equivalence": stats.equivalence(diffs, margin) if margin is not None else None,
+    }
 
 
 def _versus(g: Group, baseline: Group, margin: float | None) -> dict | None:
@@ -341,10 +377,16 @@ def summarise(groups: list[Group], baseline_label: str, margin: float | None = N
     baseline = next(g for g in groups if g.label == baseline_label)
     rows = [_row(g, baseline, margin) for g in groups]
     test = next((r.evaluation for g in groups for r in g.runs if r.evaluation), None)
-    return {"baseline": baseline_label, "equivalence_margin": margin, "level": stats.LEVEL, "power": stats.POWER,
-            "groups": rows,
-            "test_range": None if test is None else {k: test[k] for k in ("data_dir", "split", "offset", "n_tokens",
-                                                                          "tokenizer", "precision")}}
+    return {
+        "baseline": baseline_label,
+        "equivalence_margin": margin,
+        "level": stats.LEVEL,
+        "power": stats.POWER,
+        "groups": rows,
+        "test_range": None
+        if test is None
+        else {k: test[k] for k in ("data_dir", "split", "offset", "n_tokens", "tokenizer", "precision")},
+    }
 
 
 def _row(g: Group, baseline: Group, margin: float | None) -> dict:
@@ -352,8 +394,12 @@ def _row(g: Group, baseline: Group, margin: float | None) -> dict:
     mean, sd, half = stats.mean_interval(losses)
     finished = [r for r in g.runs if r.summary]
     return {
-        "group": g.label, "values": g.values, "seeds": [r.seed for r in g.runs],
-        "n_evaluated": len(losses), "test_loss_mean": mean, "test_loss_std": sd,
+        "group": g.label,
+        "values": g.values,
+        "seeds": [r.seed for r in g.runs],
+        "n_evaluated": len(losses),
+        "test_loss_mean": mean,
+        "test_loss_std": sd,
         "test_loss_ci95": [mean - half, mean + half],
         "vs_baseline": _versus(g, baseline, margin),
         "tokens_per_s_mean": _mean([r.summary.get("tokens_per_s") for r in finished]),
@@ -364,10 +410,19 @@ def _row(g: Group, baseline: Group, margin: float | None) -> dict:
         "decayed_norm_params": _decayed_norm_params(g.runs[0]),
         "noise_sources": crossed(g),
         "missing_evaluation": [str(r.path) for r in g.runs if r.evaluation is None and r.status == COMPLETED],
-        "left_out": [{"path": str(r.path), "seed": r.seed, "reason": r.left_out_because()}
-                     for r in g.runs if not r.usable],
-        "runs": [{"path": str(r.path), "seed": r.seed, "status": r.status, "skipped_steps": r.skipped_steps,
-                  "test_loss": r.evaluation["loss"] if r.evaluation else None} for r in g.runs],
+        "left_out": [
+            {"path": str(r.path), "seed": r.seed, "reason": r.left_out_because()} for r in g.runs if not r.usable
+        ],
+        "runs": [
+            {
+                "path": str(r.path),
+                "seed": r.seed,
+                "status": r.status,
+                "skipped_steps": r.skipped_steps,
+                "test_loss": r.evaluation["loss"] if r.evaluation else None,
+            }
+            for r in g.runs
+        ],
     }
 
 
@@ -397,10 +452,20 @@ def json_safe(value):
     return value
 
 
-def compare(paths: list[Path], out: Path, baseline: str | None = None, *, which: str = "final",
-            split: str = "test", precision: str = "fp32", equivalence_margin: float | None = None,
-            vary: list[str] = (), allow_differ: list[str] = (), tokens: int | None = None,
-            offset: int | None = None) -> dict:
+def compare(
+    paths: list[Path],
+    out: Path,
+    baseline: str | None = None,
+    *,
+    which: str = "final",
+    split: str = "test",
+    precision: str = "fp32",
+    equivalence_margin: float | None = None,
+    vary: list[str] = (),
+    allow_differ: list[str] = (),
+    tokens: int | None = None,
+    offset: int | None = None,
+) -> dict:
     """Write comparison.md, comparison.json and the plots into ``out``; return the result. Runs that differ
     in more than the norm and the seeds are refused before anything is written, unless each differing key
     is named in ``vary`` (a group per value) or ``allow_differ`` (accepted, and said in the report)."""
@@ -414,9 +479,14 @@ def compare(paths: list[Path], out: Path, baseline: str | None = None, *, which:
     allowed = check_only_the_norm_differs(runs, vary, allow_differ)
     groups = group_runs(runs, vary)
     baseline, why = choose_baseline(groups, baseline)
-    result = {**summarise(groups, baseline, equivalence_margin), "baseline_rule": why,
-              "shared": shared_by_all(runs), "allowed_to_differ": allowed, "varied": list(vary),
-              "without_fingerprint": [r.path.name for r in runs if not r.fingerprinted]}
+    result = {
+        **summarise(groups, baseline, equivalence_margin),
+        "baseline_rule": why,
+        "shared": shared_by_all(runs),
+        "allowed_to_differ": allowed,
+        "varied": list(vary),
+        "without_fingerprint": [r.path.name for r in runs if not r.fingerprinted],
+    }
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "comparison.md").write_text(markdown(result))

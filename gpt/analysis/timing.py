@@ -20,23 +20,22 @@ compile failure) becomes an error row naming the exception, and the next row run
 from __future__ import annotations
 
 import copy
-import gc
+import functools
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from gpt.analysis.mfu import mfu, peak_tflops, step_stats
+from gpt.common.errors import first_line
 from gpt.config import Config
 from gpt.data.tokens import resolve_data_dir, write_random_set
-from gpt.run.distributed import Dist, device_name, peak_memory_bytes
-from gpt.common.errors import UserError, first_line
-from gpt.run.fastpath import auto_precision, resolve
 from gpt.model.loss import autocast_for
 from gpt.model.norms import make_norm
-from gpt.analysis.mfu import mfu, peak_tflops, step_stats
+from gpt.run.distributed import Dist, device_name, peak_memory_bytes
+from gpt.run.fastpath import auto_precision
 from gpt.training.loop import Trainer
 from gpt.training.micro_batch import free_memory
 
@@ -81,8 +80,9 @@ def data_for(cfg: Config, dist: Dist, mode: str, steps: int) -> Path:
     if mode != "synthetic":
         return dist.on_main(lambda: resolve_data_dir(cfg.data.path, cfg.data.hub_repo, cfg.data.hub_revision))
     n_tokens = (steps + 1) * cfg.tokens_per_step + 1
-    return dist.on_main(lambda: write_random_set(Path(tempfile.mkdtemp(prefix="gpt-bench-")), n_tokens,
-                                              cfg.model.vocab_size))
+    return dist.on_main(
+        lambda: write_random_set(Path(tempfile.mkdtemp(prefix="gpt-bench-")), n_tokens, cfg.model.vocab_size)
+    )
 
 
 def time_steps(cfg: Config, dist: Dist, data_dir: Path, ready: bool, steps: int, warmup: int) -> dict:
@@ -97,10 +97,14 @@ def time_steps(cfg: Config, dist: Dist, data_dir: Path, ready: bool, steps: int,
             trainer.train_step()
             timer.mark()
         seconds = timer.seconds()
-        return {"first_step_s": seconds[0], **step_stats(seconds[warmup:]),
-                "tokens_per_s": steps * cfg.tokens_per_step / sum(seconds[warmup:]),
-                "flops_per_token": trainer.model.flops_per_token(), "precision": trainer.fast.precision,
-                "peak_memory_bytes": peak_memory_bytes(dist.device)}
+        return {
+            "first_step_s": seconds[0],
+            **step_stats(seconds[warmup:]),
+            "tokens_per_s": steps * cfg.tokens_per_step / sum(seconds[warmup:]),
+            "flops_per_token": trainer.model.flops_per_token(),
+            "precision": trainer.fast.precision,
+            "peak_memory_bytes": peak_memory_bytes(dist.device),
+        }
     finally:
         trainer.release()
         del trainer
@@ -120,8 +124,18 @@ def measured(row: dict, measure, device: torch.device, emit) -> dict:
     return row
 
 
-def step_rows(cfg: Config, dist: Dist, norm_types: list[str], compiles: list[bool], *, steps: int, warmup: int,
-              data: str, peak: float | None = None, emit=None) -> list[dict]:
+def step_rows(
+    cfg: Config,
+    dist: Dist,
+    norm_types: list[str],
+    compiles: list[bool],
+    *,
+    steps: int,
+    warmup: int,
+    data: str,
+    peak: float | None = None,
+    emit=None,
+) -> list[dict]:
     """One row per (compile setting, norm type), in that order: speed, MFU and memory of the training step;
     each handed to ``emit`` as soon as it is measured."""
     data_dir = data_for(cfg, dist, data, warmup + steps)
@@ -132,12 +146,23 @@ def step_rows(cfg: Config, dist: Dist, norm_types: list[str], compiles: list[boo
         for compile_ in compiles:
             for norm_type in norm_types:
                 c = bench_config(cfg, norm_type, compile_, warmup + steps)
-                row = {"mode": "step", "config": cfg.run.name, "norm_type": norm_type, "compile": compile_,
-                       "device": device, "world_size": dist.world_size, "micro_batch": c.train.micro_batch_size,
-                       "global_batch": c.train.global_batch_size, "tokens_per_step": c.tokens_per_step,
-                       "steps": steps, "warmup": warmup, "data": data, "peak_tflops": peak}
-                rows.append(measured(row, lambda: step_numbers(c, dist, data_dir, data, steps, warmup, peak), dist.device,
-                                     emit))
+                row = {
+                    "mode": "step",
+                    "config": cfg.run.name,
+                    "norm_type": norm_type,
+                    "compile": compile_,
+                    "device": device,
+                    "world_size": dist.world_size,
+                    "micro_batch": c.train.micro_batch_size,
+                    "global_batch": c.train.global_batch_size,
+                    "tokens_per_step": c.tokens_per_step,
+                    "steps": steps,
+                    "warmup": warmup,
+                    "data": data,
+                    "peak_tflops": peak,
+                }
+                measure = functools.partial(step_numbers, c, dist, data_dir, data, steps, warmup, peak)
+                rows.append(measured(row, measure, dist.device, emit))
     finally:
         if data == "synthetic":
             dist.barrier()
@@ -146,12 +171,16 @@ def step_rows(cfg: Config, dist: Dist, norm_types: list[str], compiles: list[boo
     return with_ratios(rows)
 
 
-def step_numbers(cfg: Config, dist: Dist, data_dir: Path, data: str, steps: int, warmup: int,
-                 peak: float | None) -> dict:
+def step_numbers(
+    cfg: Config, dist: Dist, data_dir: Path, data: str, steps: int, warmup: int, peak: float | None
+) -> dict:
     """A step row's measurements: ``time_steps`` and what follows from it (compile time, MFU)."""
     r = time_steps(cfg, dist, data_dir, data == "ready", steps, warmup)
-    return {**r, "compile_s": r["first_step_s"] - r["ms_per_step"] / 1e3 if cfg.train.compile else None,
-            "mfu": mfu(r["flops_per_token"], r["tokens_per_s"], peak, dist.world_size)}
+    return {
+        **r,
+        "compile_s": r["first_step_s"] - r["ms_per_step"] / 1e3 if cfg.train.compile else None,
+        "mfu": mfu(r["flops_per_token"], r["tokens_per_s"], peak, dist.world_size),
+    }
 
 
 def with_ratios(rows: list[dict]) -> list[dict]:
@@ -164,8 +193,15 @@ def with_ratios(rows: list[dict]) -> list[dict]:
     return rows
 
 
-def time_norm(norm_type: str, shape: tuple[int, int, int], device: torch.device, precision: str, compile_: bool,
-              steps: int, warmup: int) -> list[float]:
+def time_norm(
+    norm_type: str,
+    shape: tuple[int, int, int],
+    device: torch.device,
+    precision: str,
+    compile_: bool,
+    steps: int,
+    warmup: int,
+) -> list[float]:
     """Seconds of each of ``steps`` forward + backward passes of one norm layer (after ``warmup``)."""
     norm = make_norm({"norm_type": norm_type, "d_model": shape[-1]}).to(device)
     fn = torch.compile(norm) if compile_ else norm
@@ -182,19 +218,48 @@ def time_norm(norm_type: str, shape: tuple[int, int, int], device: torch.device,
     return timer.seconds()[warmup:]
 
 
-def norm_rows(norm_types: list[str], compiles: list[bool], *, shape: tuple[int, int, int], device: torch.device,
-              precision: str, steps: int, warmup: int, emit=None) -> list[dict]:
+def norm_stats(*args) -> dict:
+    """``time_norm(*args)``'s step statistics."""
+    return step_stats(time_norm(*args))
+
+
+def norm_rows(
+    norm_types: list[str],
+    compiles: list[bool],
+    *,
+    shape: tuple[int, int, int],
+    device: torch.device,
+    precision: str,
+    steps: int,
+    warmup: int,
+    emit=None,
+) -> list[dict]:
     """One row per (compile setting, norm type): the norm layer alone; each handed to ``emit`` when measured."""
     rows = []
     for compile_ in compiles:
         for norm_type in norm_types:
-            row = {"mode": "norm", "norm_type": norm_type, "compile": compile_, "shape": list(shape),
-                   "precision": precision, "device": device_name(device), "steps": steps, "warmup": warmup}
-            rows.append(measured(row, lambda: step_stats(time_norm(norm_type, shape, device, precision, compile_,
-                                                                   steps, warmup)), device, emit))
+            row = {
+                "mode": "norm",
+                "norm_type": norm_type,
+                "compile": compile_,
+                "shape": list(shape),
+                "precision": precision,
+                "device": device_name(device),
+                "steps": steps,
+                "warmup": warmup,
+            }
+            rows.append(
+                measured(
+                    row,
+                    functools.partial(norm_stats, norm_type, shape, device, precision, compile_, steps, warmup),
+                    device,
+                    emit,
+                )
+            )
             free_memory(device)
-    eager_base = next((r["ms_per_step"] for r in rows if r["norm_type"] == BASELINE and not r["compile"]
-                       and "error" not in r), None)
+    eager_base = next(
+        (r["ms_per_step"] for r in rows if r["norm_type"] == BASELINE and not r["compile"] and "error" not in r), None
+    )
     for r in rows:  # against eager hand-rolled LayerNorm: hand-rolled vs PyTorch vs compiled at a glance
         r[f"time_vs_{BASELINE}"] = r["ms_per_step"] / eager_base if eager_base and "error" not in r else None
     return rows

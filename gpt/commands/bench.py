@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from gpt.commands.cli import command, config_from_args, is_rank0, parser_for
+from gpt.commands.cli import add_overrides, command, config_from_args, is_rank0, parser_for
 from gpt.common.errors import UserError
 from gpt.config import NORM_TYPES
 
@@ -40,28 +40,45 @@ COMPILE_CHOICES = {"on": [True], "off": [False], "both": [False, True]}
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = parser_for(__doc__, 2)
     parser.add_argument("config", nargs="?", help="YAML config file (not needed with --norms-only)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one config value (repeatable)")
+    add_overrides(parser)
     parser.add_argument("--norm-types", nargs="+", default=list(NORM_TYPES), choices=NORM_TYPES, metavar="NORM_TYPE")
     parser.add_argument("--compile", choices=COMPILE_CHOICES, help="default: both on a GPU, off on the CPU")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per row (default 10)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed steps before them, the first one compiling "
-                                                              "(default 3)")
-    parser.add_argument("--data", choices=("config", "synthetic", "ready"), default="config",
-                        help="the config's token set, a random one, or one batch read once (default config)")
+    parser.add_argument(
+        "--warmup", type=int, default=3, help="untimed steps before them, the first one compiling (default 3)"
+    )
+    parser.add_argument(
+        "--data",
+        choices=("config", "synthetic", "ready"),
+        default="config",
+        help="the config's token set, a random one, or one batch read once (default config)",
+    )
     parser.add_argument("--peak-tflops", type=float, help="the GPU's dense bf16 peak, for a chip not in the table")
     parser.add_argument("--json", action="store_true", help="one JSON object per row")
-    parser.add_argument("--jsonl", type=Path, metavar="FILE",
-                        help="append each row to FILE as one JSON line the moment it is measured")
+    parser.add_argument(
+        "--jsonl", type=Path, metavar="FILE", help="append each row to FILE as one JSON line the moment it is measured"
+    )
     parser.add_argument("--norms-only", action="store_true", help="time each norm layer alone, forward + backward")
-    parser.add_argument("--shape", type=int, nargs=3, default=[12, 1024, 768], metavar=("B", "T", "D"),
-                        help="--norms-only: the activation's shape (default the write-up's 12 1024 768)")
-    parser.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
-                        help="--norms-only: the autocast (default auto: bf16 on a GPU, fp32 on the CPU)")
+    parser.add_argument(
+        "--shape",
+        type=int,
+        nargs=3,
+        default=[12, 1024, 768],
+        metavar=("B", "T", "D"),
+        help="--norms-only: the activation's shape (default the write-up's 12 1024 768)",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=("auto", "fp32", "bf16", "fp16"),
+        default="auto",
+        help="--norms-only: the autocast (default auto: bf16 on a GPU, fp32 on the CPU)",
+    )
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 1:
-        raise UserError(f"--steps {args.steps} --warmup {args.warmup}: both must be >= 1 (the first step compiles "
-                        "and warms up, so it is never timed)")
+        raise UserError(
+            f"--steps {args.steps} --warmup {args.warmup}: both must be >= 1 (the first step compiles "
+            "and warms up, so it is never timed)"
+        )
     if args.config is None and not args.norms_only:
         raise UserError("give a CONFIG to time its training steps, or --norms-only to time the norm layers alone")
     return args
@@ -80,11 +97,28 @@ def main(argv: list[str] | None = None) -> int:
         compiles = COMPILE_CHOICES[args.compile or ("both" if dist.device.type == "cuda" else "off")]
         if args.norms_only:
             precision = benchmark.norms_precision(args.precision, dist.device)
-            rows = benchmark.norm_rows(args.norm_types, compiles, shape=tuple(args.shape), device=dist.device,
-                                       precision=precision, steps=args.steps, warmup=args.warmup, emit=emit)
+            rows = benchmark.norm_rows(
+                args.norm_types,
+                compiles,
+                shape=tuple(args.shape),
+                device=dist.device,
+                precision=precision,
+                steps=args.steps,
+                warmup=args.warmup,
+                emit=emit,
+            )
         else:
-            rows = benchmark.step_rows(cfg, dist, args.norm_types, compiles, steps=args.steps, warmup=args.warmup,
-                                       data=args.data, peak=args.peak_tflops, emit=emit)
+            rows = benchmark.step_rows(
+                cfg,
+                dist,
+                args.norm_types,
+                compiles,
+                steps=args.steps,
+                warmup=args.warmup,
+                data=args.data,
+                peak=args.peak_tflops,
+                emit=emit,
+            )
     finally:
         dist.close()
     if is_rank0():
@@ -94,11 +128,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def append_to(path: Path):
     """A row sink that appends each row to ``path`` as one JSON line and flushes it to disk at once."""
+
     def emit(row: dict) -> None:
         with open(path, "a") as f:
             f.write(json.dumps(row) + "\n")
             f.flush()
             os.fsync(f.fileno())
+
     return emit
 
 
@@ -114,26 +150,37 @@ def table(rows: list[dict]) -> str:
     r0 = measured[0]
     ratio = "vs handrolled_layernorm"
     if r0["mode"] == "norm":
-        lines = [f"norm layer alone, forward + backward of {tuple(r0['shape'])} fp32 under {r0['precision']} "
-                 f"autocast, {r0['device']}, median of {r0['steps']}; torch {torch.__version__}",
-                 f"{'norm_type':<28}{'compile':>8}{'ms':>10}{'p10-p90 ms':>18}{ratio:>25}"]
-        lines += [_error_line(r) if "error" in r else
-                  f"{r['norm_type']:<28}{'on' if r['compile'] else 'off':>8}{r['ms_per_step']:>10.3f}"
-                  f"{r['ms_p10']:>8.3f} - {r['ms_p90']:<7.3f}{_num(r['time_vs_handrolled_layernorm'], '.3f'):>25}"
-                  for r in rows]
+        lines = [
+            f"norm layer alone, forward + backward of {tuple(r0['shape'])} fp32 under {r0['precision']} "
+            f"autocast, {r0['device']}, median of {r0['steps']}; torch {torch.__version__}",
+            f"{'norm_type':<28}{'compile':>8}{'ms':>10}{'p10-p90 ms':>18}{ratio:>25}",
+        ]
+        lines += [
+            _error_line(r)
+            if "error" in r
+            else f"{r['norm_type']:<28}{'on' if r['compile'] else 'off':>8}{r['ms_per_step']:>10.3f}"
+            f"{r['ms_p10']:>8.3f} - {r['ms_p90']:<7.3f}{_num(r['time_vs_handrolled_layernorm'], '.3f'):>25}"
+            for r in rows
+        ]
         return "\n".join(lines)
     peak = f"{r0['peak_tflops']:g} TFLOP/s bf16 peak" if r0["peak_tflops"] else "no known peak: no MFU"
-    lines = [f"{r0['config']}: {r0['device']} x {r0['world_size']} ({peak}), {r0['precision']}, "
-             f"{r0['tokens_per_step']:,} tokens/step (micro-batch {r0['micro_batch']}), {r0['data']} data, "
-             f"median of {r0['steps']} steps after {r0['warmup']}; {r0['flops_per_token'] / 1e9:.4g} GFLOP/token; "
-             f"torch {torch.__version__}",
-             f"{'norm_type':<28}{'compile':>8}{'tokens/s':>12}{'ms/step':>10}{'p10-p90 ms':>20}{'MFU':>7}"
-             f"{'peak GiB':>10}{'compile s':>11}{ratio:>25}"]
-    lines += [_error_line(r) if "error" in r else
-              f"{r['norm_type']:<28}{'on' if r['compile'] else 'off':>8}{r['tokens_per_s']:>12,.0f}"
-              f"{r['ms_per_step']:>10.1f}{r['ms_p10']:>9.1f} - {r['ms_p90']:<8.1f}{_num(r['mfu'], '.1%'):>7}"
-              f"{r['peak_memory_bytes'] / 2**30:>10.2f}{_num(r['compile_s'], '.1f'):>11}"
-              f"{_num(r['time_vs_handrolled_layernorm'], '.3f'):>25}" for r in rows]
+    lines = [
+        f"{r0['config']}: {r0['device']} x {r0['world_size']} ({peak}), {r0['precision']}, "
+        f"{r0['tokens_per_step']:,} tokens/step (micro-batch {r0['micro_batch']}), {r0['data']} data, "
+        f"median of {r0['steps']} steps after {r0['warmup']}; {r0['flops_per_token'] / 1e9:.4g} GFLOP/token; "
+        f"torch {torch.__version__}",
+        f"{'norm_type':<28}{'compile':>8}{'tokens/s':>12}{'ms/step':>10}{'p10-p90 ms':>20}{'MFU':>7}"
+        f"{'peak GiB':>10}{'compile s':>11}{ratio:>25}",
+    ]
+    lines += [
+        _error_line(r)
+        if "error" in r
+        else f"{r['norm_type']:<28}{'on' if r['compile'] else 'off':>8}{r['tokens_per_s']:>12,.0f}"
+        f"{r['ms_per_step']:>10.1f}{r['ms_p10']:>9.1f} - {r['ms_p90']:<8.1f}{_num(r['mfu'], '.1%'):>7}"
+        f"{r['peak_memory_bytes'] / 2**30:>10.2f}{_num(r['compile_s'], '.1f'):>11}"
+        f"{_num(r['time_vs_handrolled_layernorm'], '.3f'):>25}"
+        for r in rows
+    ]
     return "\n".join(lines)
 
 

@@ -13,11 +13,11 @@ import argparse
 import functools
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from gpt.common.bounded import leave
-from gpt.config import Config, load_config
 from gpt.common.errors import UserError
+from gpt.config import Config, load_config
 from gpt.training.monitors import StopNow
 
 USER_ERROR_EXIT = 2
@@ -65,16 +65,29 @@ def _run(main: Callable[[list[str] | None], int], argv: list[str] | None) -> int
 def parser_for(doc: str, split_at: int = 1) -> argparse.ArgumentParser:
     """An ArgumentParser whose description is ``doc``'s first line and whose epilog is the rest after
     its ``split_at``-th blank line (the usage lines stay in the epilog, as written)."""
-    return argparse.ArgumentParser(description=doc.splitlines()[0], epilog=doc.split("\n\n", split_at)[split_at],
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    return argparse.ArgumentParser(
+        description=doc.splitlines()[0],
+        epilog=doc.split("\n\n", split_at)[split_at],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:
     """The arguments every config-driven command shares: CONFIG and repeated --set KEY=VALUE."""
     parser.add_argument("config", help="YAML config file (see configs/)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one config value, e.g. --set model.norm_type=pytorch_rmsnorm "
-                             "(repeatable; values are YAML scalars)")
+    add_overrides(parser)
+
+
+def add_overrides(parser: argparse.ArgumentParser, what: str = "one config value") -> None:
+    """Repeated ``--set KEY=VALUE`` into ``args.overrides``, overriding ``what``."""
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"override {what}, e.g. --set model.norm_type=pytorch_rmsnorm (repeatable; values are YAML scalars)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> Config:

@@ -15,6 +15,7 @@ val_loss.png, grad_norm.png and test_loss.png into --out, and prints the report.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -22,44 +23,86 @@ from gpt.commands.cli import command, parser_for
 from gpt.config import PRECISIONS
 
 
-@command
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command's arguments (``--help`` shows them)."""
     parser = parser_for(__doc__)
     parser.add_argument("runs", nargs="+", type=Path, metavar="RUN")
-    parser.add_argument("--baseline", help="group to compare against (default: handrolled_layernorm; without it, "
-                                           "the first norm type in the write-up's order)")
+    parser.add_argument(
+        "--baseline",
+        help="group to compare against (default: handrolled_layernorm; without it, "
+        "the first norm type in the write-up's order)",
+    )
     parser.add_argument("--out", type=Path, default=Path("comparison"), help="output folder (default comparison/)")
-    parser.add_argument("--which", choices=("final", "best", "latest"), default="final",
-                        help="whose evaluation to use (as given to evaluate.py)")
+    parser.add_argument(
+        "--which",
+        choices=("final", "best", "latest"),
+        default="final",
+        help="whose evaluation to use (as given to evaluate.py)",
+    )
     parser.add_argument("--split", default="test", help="evaluated split (default test)")
-    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                        help="evaluation precision (default fp32)")
-    parser.add_argument("--equivalence-margin", type=float, metavar="DELTA",
-                        help="also test whether each group is equivalent to the baseline within +-DELTA "
-                             "(two one-sided t tests on the paired differences)")
-    parser.add_argument("--tokens", type=int, metavar="N",
-                        help="the results evaluate.py kept over N tokens from --offset (as its --tokens gave them; "
-                             "default: over each run's configured test range)")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="evaluation precision (default fp32)")
+    parser.add_argument(
+        "--equivalence-margin",
+        type=float,
+        metavar="DELTA",
+        help="also test whether each group is equivalent to the baseline within +-DELTA "
+        "(two one-sided t tests on the paired differences)",
+    )
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        metavar="N",
+        help="the results evaluate.py kept over N tokens from --offset (as its --tokens gave them; "
+        "default: over each run's configured test range)",
+    )
     parser.add_argument("--offset", type=int, help="with --tokens: the first token (default: data.test_offset)")
-    parser.add_argument("--vary", action="append", default=[], metavar="KEY",
-                        help="a config or fingerprint key the runs may differ in, as an axis of the table: one "
-                             "group per norm type and value (repeatable)")
-    parser.add_argument("--allow-differ", action="append", default=[], metavar="KEY",
-                        help="a key the runs may differ in without forming groups; the report says so "
-                             "(repeatable; a prefix like data.train names every key under it)")
+    parser.add_argument(
+        "--vary",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="a config or fingerprint key the runs may differ in, as an axis of the table: one "
+        "group per norm type and value (repeatable)",
+    )
+    parser.add_argument(
+        "--allow-differ",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="a key the runs may differ in without forming groups; the report says so "
+        "(repeatable; a prefix like data.train names every key under it)",
+    )
+    return parser
+
+
+@command
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.offset is not None and args.tokens is None:
         parser.error("--offset needs --tokens: a range kept by evaluate.py is named by its first and last token")
 
-    from gpt.analysis.table import compare
     from gpt.analysis.report import markdown
+    from gpt.analysis.table import compare
 
-    result = compare(args.runs, args.out, args.baseline, which=args.which, split=args.split,
-                     precision=args.precision, equivalence_margin=args.equivalence_margin, vary=args.vary,
-                     allow_differ=args.allow_differ, tokens=args.tokens, offset=args.offset)
+    result = compare(
+        args.runs,
+        args.out,
+        args.baseline,
+        which=args.which,
+        split=args.split,
+        precision=args.precision,
+        equivalence_margin=args.equivalence_margin,
+        vary=args.vary,
+        allow_differ=args.allow_differ,
+        tokens=args.tokens,
+        offset=args.offset,
+    )
     print(markdown(result), end="")
-    print(f"\nwrote {args.out / 'comparison.md'}, comparison.json and plots: "
-          + ", ".join(Path(p).name for p in result["plots"]))
+    print(
+        f"\nwrote {args.out / 'comparison.md'}, comparison.json and plots: "
+        + ", ".join(Path(p).name for p in result["plots"])
+    )
     return 0
 
 

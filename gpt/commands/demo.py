@@ -15,6 +15,7 @@ skips what is done.
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -30,23 +31,38 @@ def pair_seeds(norm_types: list[str], seeds: list[int]) -> dict[str, list[int]] 
     return {n: seeds for n in PAIR} if set(PAIR) <= set(norm_types) else None
 
 
-@command
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command's arguments (``--help`` shows them)."""
     parser = parser_for(__doc__)
     parser.add_argument("--config", type=Path, default=Path("configs/demo.yaml"))
     parser.add_argument("--norm-types", nargs="+", default=list(NORM_TYPES), choices=NORM_TYPES, metavar="NORM_TYPE")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="seeds of every norm type (default 0)")
-    parser.add_argument("--pair-seeds", nargs="+", type=int, default=[0, 1, 2],
-                        help=f"seeds of {' and '.join(PAIR)} when both run (default 0 1 2)")
-    parser.add_argument("--equivalence-margin", type=float, default=0.01, metavar="DELTA",
-                        help="test equivalence to the baseline within +-DELTA (default 0.01)")
+    parser.add_argument(
+        "--pair-seeds",
+        nargs="+",
+        type=int,
+        default=[0, 1, 2],
+        help=f"seeds of {' and '.join(PAIR)} when both run (default 0 1 2)",
+    )
+    parser.add_argument(
+        "--equivalence-margin",
+        type=float,
+        default=0.01,
+        metavar="DELTA",
+        help="test equivalence to the baseline within +-DELTA (default 0.01)",
+    )
     parser.add_argument("--runs-dir", type=Path, default=Path("runs"))
-    args = parser.parse_args(argv)
+    return parser
+
+
+@command
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     start = time.perf_counter()
 
+    from gpt.analysis.experiment import run_sweep
     from gpt.analysis.report import markdown
     from gpt.config import load_config
-    from gpt.analysis.experiment import run_sweep
 
     data = Path(load_config(args.config, ["run.name=demo"]).data.path)
     if not data.exists():
@@ -57,10 +73,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"preparing {data} from the embedded Shakespeare corpus")
         val, test = default_held_out("shakespeare")
         prepare(open_source("shakespeare"), data, gpt2_encoding(), val_tokens=val, test_tokens=test)
-    result = run_sweep(args.config, args.norm_types, args.seeds, args.runs_dir,
-                       seeds_for=pair_seeds(args.norm_types, args.pair_seeds),
-                       out=args.runs_dir / f"{args.config.stem}-comparison",
-                       equivalence_margin=args.equivalence_margin, hooks_for=standard_hooks)
+    result = run_sweep(
+        args.config,
+        args.norm_types,
+        args.seeds,
+        args.runs_dir,
+        seeds_for=pair_seeds(args.norm_types, args.pair_seeds),
+        out=args.runs_dir / f"{args.config.stem}-comparison",
+        equivalence_margin=args.equivalence_margin,
+        hooks_for=standard_hooks,
+    )
     print()
     print(markdown(result), end="")
     print(f"\nplots: {', '.join(result['plots'])}")

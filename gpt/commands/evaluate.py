@@ -31,18 +31,28 @@ def positive_int(text: str) -> int:
 def parse_args(argv: list[str] | None):
     parser = parser_for(__doc__, 2)
     parser.add_argument("paths", nargs="*", metavar="RUN_OR_CHECKPOINT")
-    parser.add_argument("--which", choices=("final", "best", "latest"), default="final",
-                        help="which checkpoint of a run (default final: the end of a completed run)")
+    parser.add_argument(
+        "--which",
+        choices=("final", "best", "latest"),
+        default="final",
+        help="which checkpoint of a run (default final: the end of a completed run)",
+    )
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
-    parser.add_argument("--batch-size", type=positive_int,
-                        help="sequences per forward pass (default: train.micro_batch_size)")
+    parser.add_argument(
+        "--batch-size", type=positive_int, help="sequences per forward pass (default: train.micro_batch_size)"
+    )
     parser.add_argument("--data", help="token set folder (default: the run's data.path / data.hub_repo)")
     parser.add_argument("--split", help="split (default: the run's data.test_split)")
     parser.add_argument("--offset", type=int, help="first token (default: the run's data.test_offset)")
     parser.add_argument("--tokens", type=int, help="tokens in the range (default: data.test_tokens, or to the end)")
-    parser.add_argument("--hf", action="append", default=[], metavar="MODEL",
-                        help="also evaluate a transformers GPT-2 checkpoint (Hub name or folder); needs --data "
-                             "or a run to take the range from")
+    parser.add_argument(
+        "--hf",
+        action="append",
+        default=[],
+        metavar="MODEL",
+        help="also evaluate a transformers GPT-2 checkpoint (Hub name or folder); needs --data "
+        "or a run to take the range from",
+    )
     parser.add_argument("--json", help="also write all results to this file")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
@@ -54,16 +64,18 @@ def parse_args(argv: list[str] | None):
 def print_table(rows: list[dict]) -> None:
     print(f"{'run':<36}{'norm_type':<28}{'step':>7}{'split':>12}{'tokens':>13}{'prec':>6}{'loss':>11}{'ppl':>10}")
     for r in rows:
-        print(f"{r['run']:<36}{r['norm_type']:<28}{str(r['step']):>7}{r['split']:>12}{r['tokens']:>13,}"
-              f"{r['precision']:>6}{r['loss']:>11.6f}{r['perplexity']:>10.2f}")
+        print(
+            f"{r['run']:<36}{r['norm_type']:<28}{str(r['step']):>7}{r['split']:>12}{r['tokens']:>13,}"
+            f"{r['precision']:>6}{r['loss']:>11.6f}{r['perplexity']:>10.2f}"
+        )
 
 
 @command
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from gpt.run.distributed import setup
     from gpt.evaluation.test_loss import EvalOptions, RangeOverride, evaluate_checkpoint, evaluate_hf
     from gpt.run.directory import resolve_which
+    from gpt.run.distributed import setup
 
     options = EvalOptions(args.precision, args.batch_size, show_progress=not args.quiet)
     override = RangeOverride(args.data, args.split, args.offset, args.tokens)

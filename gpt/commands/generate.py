@@ -12,6 +12,7 @@ the same text. --temperature 0 takes the most likely token at every step.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -20,10 +21,10 @@ from gpt.commands.cli import command, parser_for
 
 def load_model(source: str, which: str, revision: str | None):
     """Our GPT from a run / checkpoint on disk, or from a Hub repo (either published layout)."""
-    from gpt.run.checkpoints import checkpoint_config, load_weights
     from gpt.common.errors import UserError, first_line
-    from gpt.publish.layouts import load_published
     from gpt.model.gpt import GPT
+    from gpt.publish.layouts import load_published
+    from gpt.run.checkpoints import checkpoint_config, load_weights
     from gpt.run.directory import resolve_which
 
     if Path(source).exists():
@@ -38,13 +39,14 @@ def load_model(source: str, which: str, revision: str | None):
     try:
         folder = snapshot_download(source, revision=revision, allow_patterns=["config.json", "model.safetensors"])
     except Exception as e:  # noqa: BLE001  offline, unknown repo, no access: the library's first line
-        raise UserError(f"{source}: not a local run or checkpoint, and not a Hub repo that can be fetched: "
-                        f"{first_line(e)}") from None
+        raise UserError(
+            f"{source}: not a local run or checkpoint, and not a Hub repo that can be fetched: {first_line(e)}"
+        ) from None
     return load_published(Path(folder))
 
 
-@command
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command's arguments (``--help`` shows them)."""
     parser = parser_for(__doc__, 2)
     parser.add_argument("source", metavar="CHECKPOINT_OR_REPO")
     parser.add_argument("--prompt", default="", help="text to continue (default: from <|endoftext|>)")
@@ -56,12 +58,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--which", choices=("final", "best", "latest"), default="final")
     parser.add_argument("--revision", help="Hub branch, tag or commit (default main)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    args = parser.parse_args(argv)
+    return parser
+
+
+@command
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     import torch
 
-    from gpt.run.distributed import pick_device
     from gpt.common.errors import UserError
     from gpt.data.tokenizer import EOT_TOKEN, get_tokenizer
+    from gpt.run.distributed import pick_device
 
     if args.max_new_tokens < 1 or args.temperature < 0 or args.top_k < 0 or args.num_samples < 1:
         raise UserError("--max-new-tokens and --num-samples must be >= 1, --temperature and --top-k >= 0")
@@ -73,8 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"the prompt has token {max(ids)}, beyond this model's vocabulary of {model.cfg.vocab_size}")
     idx = torch.tensor([ids] * args.num_samples, device=device)
     g = torch.Generator(device=device).manual_seed(args.seed)
-    out = model.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k or None,
-                         generator=g)
+    out = model.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k or None, generator=g)
     for i, row in enumerate(out.tolist()):
         if i:
             print("-" * 40)

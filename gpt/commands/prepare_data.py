@@ -38,17 +38,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = parser_for(__doc__, 2)
     parser.add_argument("source")
     parser.add_argument("--out", type=Path, help="output folder (default: data/<source name>)")
-    parser.add_argument("--val-tokens", type=count, help="validation tokens, whole documents "
-                        "(default: 10M; shakespeare: 75K)")
-    parser.add_argument("--test-tokens", type=count, help="test tokens, whole documents "
-                        "(default: 20M; shakespeare: 150K)")
-    parser.add_argument("--max-tokens", type=count, help="stop after this many tokens in all (default: the whole source)")
+    parser.add_argument(
+        "--val-tokens", type=count, help="validation tokens, whole documents (default: 10M; shakespeare: 75K)"
+    )
+    parser.add_argument(
+        "--test-tokens", type=count, help="test tokens, whole documents (default: 20M; shakespeare: 150K)"
+    )
+    parser.add_argument(
+        "--max-tokens", type=count, help="stop after this many tokens in all (default: the whole source)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the document shuffle (default 0)")
     parser.add_argument("--text-column", default="text", help="column holding the text (json, parquet, Hub)")
     parser.add_argument("--hub-config", help="Hub data set configuration (fineweb presets: sample-10BT)")
     parser.add_argument("--hub-split", default="train", help="Hub data set split to read (default train)")
-    parser.add_argument("--sample-by", choices=("document", "paragraph", "line"), default="document",
-                        help="what one document is in a .txt file (default: the whole file)")
+    parser.add_argument(
+        "--sample-by",
+        choices=("document", "paragraph", "line"),
+        default="document",
+        help="what one document is in a .txt file (default: the whole file)",
+    )
     parser.add_argument("--tokenizer", default="gpt2", help="gpt2 (offline) or another tiktoken encoding")
     parser.add_argument("--threads", type=int, help="tokeniser threads (default: all cores)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
@@ -71,11 +79,26 @@ def main(argv: list[str] | None = None) -> int:
     if out.exists() and not args.overwrite:  # before opening anything heavy
         raise UserError(f"{out}: already exists; pass --overwrite to replace it")
     enc = get_tokenizer(args.tokenizer)
-    source = open_source(args.source, seed=args.seed, text_column=args.text_column,
-                         hub_config=args.hub_config, hub_split=args.hub_split, sample_by=args.sample_by)
+    source = open_source(
+        args.source,
+        seed=args.seed,
+        text_column=args.text_column,
+        hub_config=args.hub_config,
+        hub_split=args.hub_split,
+        sample_by=args.sample_by,
+    )
     start = time.perf_counter()
-    meta = prepare(source, out, enc, val_tokens=val, test_tokens=test, max_tokens=args.max_tokens,
-                   overwrite=args.overwrite, threads=args.threads, progress=not args.quiet)
+    meta = prepare(
+        source,
+        out,
+        enc,
+        val_tokens=val,
+        test_tokens=test,
+        max_tokens=args.max_tokens,
+        overwrite=args.overwrite,
+        threads=args.threads,
+        progress=not args.quiet,
+    )
     seconds = time.perf_counter() - start
     total = sum(s["tokens"] for s in meta["splits"].values())
     print(f"wrote {out}: {total:,} tokens in {seconds:.1f} s ({total / seconds:,.0f} tokens/s)")

@@ -22,25 +22,46 @@ from pathlib import Path
 from gpt.commands.cli import command, parser_for
 
 
-@command
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command's arguments (``--help`` shows them)."""
     parser = parser_for(__doc__, 2)
     parser.add_argument("path", metavar="RUN_OR_CHECKPOINT", help="a run directory or a checkpoint folder")
     parser.add_argument("--repo", required=True, metavar="USER/NAME", help="the Hub repository (created if needed)")
-    parser.add_argument("--which", choices=("final", "best", "latest"), default="final",
-                        help="which checkpoint of a run (default final: the end of a completed run)")
+    parser.add_argument(
+        "--which",
+        choices=("final", "best", "latest"),
+        default="final",
+        help="which checkpoint of a run (default final: the end of a completed run)",
+    )
     privacy = parser.add_mutually_exclusive_group()
-    privacy.add_argument("--private", dest="private", action="store_true", default=True,
-                         help="create the repository as private (the default)")
+    privacy.add_argument(
+        "--private",
+        dest="private",
+        action="store_true",
+        default=True,
+        help="create the repository as private (the default)",
+    )
     privacy.add_argument("--public", dest="private", action="store_false", help="create it as public")
     parser.add_argument("--revision", metavar="BRANCH", help="upload to this branch (created if needed; default main)")
-    parser.add_argument("--native-gpt2", action="store_true",
-                        help="the stock GPT2LMHeadModel layout, no remote code (LayerNorm models only)")
-    parser.add_argument("--comparison", metavar="FILE", type=Path,
-                        help="a comparison.json holding the run (default: one beside the run, if any)")
-    args = parser.parse_args(argv)
-    from gpt.config.schema import HubConfig
+    parser.add_argument(
+        "--native-gpt2",
+        action="store_true",
+        help="the stock GPT2LMHeadModel layout, no remote code (LayerNorm models only)",
+    )
+    parser.add_argument(
+        "--comparison",
+        metavar="FILE",
+        type=Path,
+        help="a comparison.json holding the run (default: one beside the run, if any)",
+    )
+    return parser
+
+
+@command
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     from gpt.common.errors import UserError
+    from gpt.config.schema import HubConfig
     from gpt.publish.export import comparison_row
     from gpt.publish.layouts import Layout
     from gpt.publish.uploads import push
@@ -57,10 +78,25 @@ def main(argv: list[str] | None = None) -> int:
         comparison = comparison_row(read_json(args.comparison, "comparison"), run)
         if comparison is None:
             raise UserError(f"{args.comparison}: holds no group with the run {run.path.resolve()}")
-    commit, files = push(ckpt, args.repo, layout=Layout.NATIVE_GPT2 if args.native_gpt2 else Layout.REMOTE_CODE, private=args.private,
-                         revision=args.revision, comparison=comparison)
-    print(json.dumps({"repo": args.repo, "revision": args.revision or "main", "commit": commit,
-                      "checkpoint": str(ckpt), "files": files}))
+    commit, files = push(
+        ckpt,
+        args.repo,
+        layout=Layout.NATIVE_GPT2 if args.native_gpt2 else Layout.REMOTE_CODE,
+        private=args.private,
+        revision=args.revision,
+        comparison=comparison,
+    )
+    print(
+        json.dumps(
+            {
+                "repo": args.repo,
+                "revision": args.revision or "main",
+                "commit": commit,
+                "checkpoint": str(ckpt),
+                "files": files,
+            }
+        )
+    )
     return 0
 
 

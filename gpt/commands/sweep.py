@@ -15,45 +15,92 @@ commands instead.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
-from gpt.commands.cli import command, parser_for, standard_hooks
+from gpt.commands.cli import add_overrides, command, parser_for, standard_hooks
 from gpt.config import NORM_TYPES
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command's arguments (``--help`` shows them)."""
+    parser = parser_for(__doc__)
+    parser.add_argument("config", type=Path)
+    parser.add_argument(
+        "--norm-types",
+        nargs="+",
+        default=list(NORM_TYPES),
+        choices=NORM_TYPES,
+        metavar="NORM_TYPE",
+        help=f"default: all ({', '.join(NORM_TYPES)})",
+    )
+    parser.add_argument(
+        "--seeds",
+        nargs="+",
+        type=int,
+        default=[0],
+        help="seeds of the initial weights and the data order together (default 0)",
+    )
+    parser.add_argument(
+        "--init-seeds",
+        nargs="+",
+        type=int,
+        metavar="SEED",
+        help="with --data-seeds: model.init_seed values, each crossed with every data seed",
+    )
+    parser.add_argument(
+        "--data-seeds",
+        nargs="+",
+        type=int,
+        metavar="SEED",
+        help="with --init-seeds: train.seed values (the data order)",
+    )
+    parser.add_argument("--nproc", type=int, default=1, help="processes per run (torchrun when > 1)")
+    parser.add_argument("--runs-dir", type=Path, default=Path("runs"))
+    add_overrides(parser, "a config value of every cell")
+    parser.add_argument("--out", type=Path, help="comparison folder (default runs/<config>-comparison)")
+    parser.add_argument("--baseline", help="baseline group of the comparison")
+    parser.add_argument(
+        "--equivalence-margin",
+        type=float,
+        metavar="DELTA",
+        help="test each group's equivalence to the baseline within +-DELTA (see compare)",
+    )
+    parser.add_argument(
+        "--allow-differ",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="a config or fingerprint key the cells may differ in (see compare)",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    return parser
 
 
 @command
 def main(argv: list[str] | None = None) -> int:
-    parser = parser_for(__doc__)
-    parser.add_argument("config", type=Path)
-    parser.add_argument("--norm-types", nargs="+", default=list(NORM_TYPES), choices=NORM_TYPES, metavar="NORM_TYPE",
-                        help=f"default: all ({', '.join(NORM_TYPES)})")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0],
-                        help="seeds of the initial weights and the data order together (default 0)")
-    parser.add_argument("--init-seeds", nargs="+", type=int, metavar="SEED",
-                        help="with --data-seeds: model.init_seed values, each crossed with every data seed")
-    parser.add_argument("--data-seeds", nargs="+", type=int, metavar="SEED",
-                        help="with --init-seeds: train.seed values (the data order)")
-    parser.add_argument("--nproc", type=int, default=1, help="processes per run (torchrun when > 1)")
-    parser.add_argument("--runs-dir", type=Path, default=Path("runs"))
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="config override for every cell (repeatable)")
-    parser.add_argument("--out", type=Path, help="comparison folder (default runs/<config>-comparison)")
-    parser.add_argument("--baseline", help="baseline group of the comparison")
-    parser.add_argument("--equivalence-margin", type=float, metavar="DELTA",
-                        help="test each group's equivalence to the baseline within +-DELTA (see compare)")
-    parser.add_argument("--allow-differ", action="append", default=[], metavar="KEY",
-                        help="a config or fingerprint key the cells may differ in (see compare)")
-    parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
 
-    from gpt.analysis.report import markdown
     from gpt.analysis.experiment import run_sweep
+    from gpt.analysis.report import markdown
 
-    result = run_sweep(args.config, args.norm_types, args.seeds, args.runs_dir, init_seeds=args.init_seeds,
-                       data_seeds=args.data_seeds, nproc=args.nproc, overrides=args.overrides, out=args.out,
-                       baseline=args.baseline, equivalence_margin=args.equivalence_margin,
-                       allow_differ=args.allow_differ, dry_run=args.dry_run, hooks_for=standard_hooks)
+    result = run_sweep(
+        args.config,
+        args.norm_types,
+        args.seeds,
+        args.runs_dir,
+        init_seeds=args.init_seeds,
+        data_seeds=args.data_seeds,
+        nproc=args.nproc,
+        overrides=args.overrides,
+        out=args.out,
+        baseline=args.baseline,
+        equivalence_margin=args.equivalence_margin,
+        allow_differ=args.allow_differ,
+        dry_run=args.dry_run,
+        hooks_for=standard_hooks,
+    )
     if result is not None:
         print(markdown(result), end="")
         print(f"\nplots: {', '.join(result['plots'])}")

@@ -27,15 +27,24 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     parser = parser_for(__doc__, 2)
     add_config_args(parser)
-    parser.add_argument("--resume", metavar="auto|PATH",
-                        help="auto: continue from the run's latest checkpoint if there is one, else start; "
-                             "PATH: a run directory or checkpoint folder to continue from")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="start over in a run directory that holds a run (the old one is moved aside)")
+    parser.add_argument(
+        "--resume",
+        metavar="auto|PATH",
+        help="auto: continue from the run's latest checkpoint if there is one, else start; "
+        "PATH: a run directory or checkpoint folder to continue from",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start over in a run directory that holds a run (the old one is moved aside)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="build the model, report it and stop")
-    parser.add_argument("--find-micro-batch", action="store_true",
-                        help="find the largest micro-batch that fits in this GPU's memory (bisecting with real "
-                             "steps) and print the accumulation it implies; trains nothing")
+    parser.add_argument(
+        "--find-micro-batch",
+        action="store_true",
+        help="find the largest micro-batch that fits in this GPU's memory (bisecting with real "
+        "steps) and print the accumulation it implies; trains nothing",
+    )
     parser.add_argument("--print-config", action="store_true", help="print the fully resolved config as YAML")
     parser.add_argument("--help-config", action="store_true", help="list every config key with its default and doc")
     args = parser.parse_args(argv)
@@ -50,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         print(model_summary(cfg, GPT(cfg.model, seed=cfg.init_seed)))
         return 0
     if args.find_micro_batch:
-        from gpt.training.micro_batch import find_micro_batch
         from gpt.run.distributed import setup
+        from gpt.training.micro_batch import find_micro_batch
 
         dist = setup(cfg.run.device)
         try:

@@ -10,6 +10,7 @@ hooks that would wait for it (the commands call it once their own files are writ
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -55,8 +56,6 @@ def leave(code: int) -> None:
     if not _abandoned:
         return
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
     os._exit(code)

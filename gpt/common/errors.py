@@ -38,4 +38,3 @@ def first_line(exc: BaseException) -> str:
     """``exc``'s message, first line only, or its type's name when it has none."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-

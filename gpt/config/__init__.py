@@ -8,11 +8,52 @@ schedules, precisions), overrides, the differences that refuse a resume.
 May import: ``gpt.common``; never torch (a config is checked before anything heavy loads).
 """
 
-from gpt.config.loader import (ConfigError, config_differences, config_from_dict, config_to_dict, describe_fields,
-                               dump_config, flatten, load_config, parse_override)
-from gpt.config.schema import (NORM_TYPES, PRECISIONS, RESUMABLE, SCHEDULES, Config, DataConfig, HubConfig, LogConfig, ModelConfig, OptimConfig,
-                               RunConfig, TrainConfig)
+from gpt.config.loader import (
+    ConfigError,
+    config_differences,
+    config_from_dict,
+    config_to_dict,
+    describe_fields,
+    dump_config,
+    flatten,
+    load_config,
+    parse_override,
+)
+from gpt.config.schema import (
+    NORM_TYPES,
+    PRECISIONS,
+    RESUMABLE,
+    SCHEDULES,
+    Config,
+    DataConfig,
+    HubConfig,
+    LogConfig,
+    ModelConfig,
+    OptimConfig,
+    RunConfig,
+    TrainConfig,
+)
 
-__all__ = ["NORM_TYPES", "PRECISIONS", "SCHEDULES", "Config", "ConfigError", "DataConfig", "HubConfig", "LogConfig", "ModelConfig", "OptimConfig",
-           "RESUMABLE", "RunConfig", "TrainConfig", "config_differences", "config_from_dict", "config_to_dict",
-           "describe_fields", "dump_config", "flatten", "load_config", "parse_override"]
+__all__ = [
+    "NORM_TYPES",
+    "PRECISIONS",
+    "SCHEDULES",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "HubConfig",
+    "LogConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "RESUMABLE",
+    "RunConfig",
+    "TrainConfig",
+    "config_differences",
+    "config_from_dict",
+    "config_to_dict",
+    "describe_fields",
+    "dump_config",
+    "flatten",
+    "load_config",
+    "parse_override",
+]

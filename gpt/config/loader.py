@@ -21,8 +21,8 @@ from typing import Any
 
 import yaml
 
-from gpt.config.schema import REQUIRED, Config
 from gpt.common.errors import UserError
+from gpt.config.schema import REQUIRED, Config
 
 
 class ConfigError(UserError):
@@ -40,8 +40,9 @@ def _read_yaml(path: Path) -> dict:
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
     except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); a config is a UTF-8 YAML "
-                          "file") from None
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); a config is a UTF-8 YAML file"
+        ) from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
     try:
@@ -109,7 +110,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key, sep, value = text.partition("=")
     parts = key.strip().split(".")
     if not sep or not all(parts):
-        raise ConfigError(f"{OVERRIDE}: expected SECTION.KEY=VALUE (e.g. model.norm_type=pytorch_rmsnorm), got {text!r}")
+        raise ConfigError(
+            f"{OVERRIDE}: expected SECTION.KEY=VALUE (e.g. model.norm_type=pytorch_rmsnorm), got {text!r}"
+        )
     try:
         parsed = yaml.safe_load(value) if value.strip() else None
     except yaml.YAMLError:
@@ -122,12 +125,13 @@ def _apply_override(raw: dict, parts: list[str], value: Any) -> None:
     for i, p in enumerate(parts[:-1]):
         child = node.setdefault(p, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"{OVERRIDE}: {'.'.join(parts)}: {'.'.join(parts[:i + 1])} is not a section")
+            raise ConfigError(f"{OVERRIDE}: {'.'.join(parts)}: {'.'.join(parts[: i + 1])} is not a section")
         node = child
     node[parts[-1]] = value
 
 
 # ------------------------------------------------------------------------- validation
+
 
 def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
@@ -187,8 +191,12 @@ def _check_range(value: Any, meta: dict) -> str | None:
         return f"{value!r} is not a finite number"
     if meta["choices"] is not None and value not in meta["choices"]:
         return f"{value!r} is not one of: {', '.join(meta['choices'])}"
-    for op, ok, word in (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),
-                         ("le", lambda v, b: v <= b, "<="), ("lt", lambda v, b: v < b, "<")):
+    for op, ok, word in (
+        ("ge", lambda v, b: v >= b, ">="),
+        ("gt", lambda v, b: v > b, ">"),
+        ("le", lambda v, b: v <= b, "<="),
+        ("lt", lambda v, b: v < b, "<"),
+    ):
         bound = meta[op]
         if bound is not None and not ok(value, bound):
             return f"{value!r} is out of range; allowed: {word} {bound:g}"
@@ -199,8 +207,7 @@ def _build(cls: type, data: Any, prefix: str, sources: dict[str, str], root: str
     """Instantiate dataclass ``cls`` from ``data``, checking keys, types and ranges."""
     where = prefix.rstrip(".") or "top level"
     if not isinstance(data, dict):
-        raise ConfigError(f"{sources.get(prefix.rstrip('.'), root)}: {where}: expected a mapping of keys, "
-                          f"got {data!r}")
+        raise ConfigError(f"{sources.get(prefix.rstrip('.'), root)}: {where}: expected a mapping of keys, got {data!r}")
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     for key in data:
@@ -242,6 +249,7 @@ def _build(cls: type, data: Any, prefix: str, sources: dict[str, str], root: str
 
 
 # ------------------------------------------------------------------------- public API
+
 
 def config_from_dict(data: dict, source: str = "<dict>") -> Config:
     """Validate a plain mapping (as read from YAML) into a ``Config``."""

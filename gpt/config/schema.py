@@ -18,8 +18,15 @@ from typing import Any
 # The choices a config may name. This package imports no torch (a config is checked before anything heavy
 # loads), so the implementations keep their own registries and tests/test_architecture.py holds them equal:
 # gpt.model.norms (shipped alone to the Hub), gpt.training.schedule and gpt.model.loss.
-NORM_TYPES = ("handrolled_layernorm", "pytorch_layernorm", "handrolled_rmsnorm", "pytorch_rmsnorm", "no_norm", "dyt",
-              "handrolled_layernorm_fast")
+NORM_TYPES = (
+    "handrolled_layernorm",
+    "pytorch_layernorm",
+    "handrolled_rmsnorm",
+    "pytorch_rmsnorm",
+    "no_norm",
+    "dyt",
+    "handrolled_layernorm_fast",
+)
 SCHEDULES = ("cosine", "constant", "wsd")
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -30,9 +37,20 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 # the tokens are, and train.tf32 / compile / prefetch how they are computed: the fingerprint
 # check (gpt.run.fingerprint.check_resume) refuses other tokens, another resolved precision or
 # TF32, another device type.
-RESUMABLE = ("run.", "log.", "hub.", "data.path", "data.hub_repo", "data.hub_revision",
-             "train.eval_every", "train.checkpoint_every", "train.keep_last", "train.compile", "train.tf32",
-             "train.prefetch")
+RESUMABLE = (
+    "run.",
+    "log.",
+    "hub.",
+    "data.path",
+    "data.hub_repo",
+    "data.hub_revision",
+    "train.eval_every",
+    "train.checkpoint_every",
+    "train.keep_last",
+    "train.compile",
+    "train.tf32",
+    "train.prefetch",
+)
 
 
 class _Required:
@@ -43,9 +61,16 @@ class _Required:
 REQUIRED: Any = _Required()  # default of a field the user must set
 
 
-def opt(default: Any, doc: str, *, ge: float | None = None, gt: float | None = None,
-        le: float | None = None, lt: float | None = None,
-        choices: tuple[str, ...] | None = None) -> Any:
+def opt(
+    default: Any,
+    doc: str,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    choices: tuple[str, ...] | None = None,
+) -> Any:
     """Declare a config field: default, one-line doc, and the allowed values."""
     meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices}
     if isinstance(default, list):
@@ -54,6 +79,7 @@ def opt(default: Any, doc: str, *, ge: float | None = None, gt: float | None = N
 
 
 # --------------------------------------------------------------------------- sections
+
 
 @dataclass
 class ModelConfig:
@@ -67,17 +93,22 @@ class ModelConfig:
     dropout: float = opt(0.0, "dropout on embeddings, attention and residual branches", ge=0, lt=1)
     qkv_bias: bool = opt(False, "bias on the Q/K/V projection (OpenAI GPT-2: true; write-up: false)")
     tie_weights: bool = opt(False, "share the token embedding with the output head (GPT-2: true)")
-    norm_type: str = opt("handrolled_layernorm", "normalisation layer built by make_norm",
-                         choices=NORM_TYPES)
+    norm_type: str = opt("handrolled_layernorm", "normalisation layer built by make_norm", choices=NORM_TYPES)
     norm_eps: float = opt(1e-5, "eps of every norm that has one (hand-rolled and PyTorch alike)", gt=0)
     dyt_alpha_init: float = opt(0.5, "initial alpha of the dyt norm", gt=0)
-    init: str = opt("pytorch", "pytorch: PyTorch's default init (the write-up); "
-                    "gpt2: normal(0, 0.02), residual projections / sqrt(2 * n_layers)",
-                    choices=("pytorch", "gpt2"))
+    init: str = opt(
+        "pytorch",
+        "pytorch: PyTorch's default init (the write-up); "
+        "gpt2: normal(0, 0.02), residual projections / sqrt(2 * n_layers)",
+        choices=("pytorch", "gpt2"),
+    )
     init_seed: int | None = opt(None, "seed of the initial weights; null: use train.seed", ge=0)
-    vocab_pad_multiple: int = opt(1, "pad the output head to a multiple of this many rows (64: faster "
-                                  "matmuls; padded logits are dropped before the loss, never predicted); 1: none",
-                                  ge=1)
+    vocab_pad_multiple: int = opt(
+        1,
+        "pad the output head to a multiple of this many rows (64: faster "
+        "matmuls; padded logits are dropped before the loss, never predicted); 1: none",
+        ge=1,
+    )
 
     @property
     def padded_vocab_size(self) -> int:
@@ -86,22 +117,25 @@ class ModelConfig:
 
     def validate(self, fail) -> None:
         if self.d_model % self.n_heads:
-            fail("n_heads", f"{self.n_heads} does not divide model.d_model={self.d_model}; "
-                            "choose n_heads that divides d_model")
+            fail(
+                "n_heads",
+                f"{self.n_heads} does not divide model.d_model={self.d_model}; choose n_heads that divides d_model",
+            )
 
 
 @dataclass
 class DataConfig:
     """Where the tokens come from, and which token ranges serve as validation and test."""
 
-    path: str | None = opt(None, "folder of a prepared token set (scripts/prepare_data.py) or of "
-                           "the author's <split>.safetensors files")
-    hub_repo: str | None = opt(None, "Hub data set of pre-tokenised splits, fetched into the local cache "
-                               "(instead of data.path)")
+    path: str | None = opt(
+        None, "folder of a prepared token set (scripts/prepare_data.py) or of the author's <split>.safetensors files"
+    )
+    hub_repo: str | None = opt(
+        None, "Hub data set of pre-tokenised splits, fetched into the local cache (instead of data.path)"
+    )
     hub_revision: str | None = opt(None, "branch, tag or commit of data.hub_repo; null: main")
     train_split: str = opt("train", "split trained on")
-    val_split: str = opt("val", "split of the validation loss measured during training "
-                         "(the author's sets: validation)")
+    val_split: str = opt("val", "split of the validation loss measured during training (the author's sets: validation)")
     val_offset: int = opt(0, "first token of the validation range", ge=0)
     val_tokens: int = opt(4_194_304, "tokens in the validation range: the same tokens at every evaluation", ge=1)
     test_split: str = opt("test", "split of the held-out test loss (the author's evaluator: validation)")
@@ -113,14 +147,19 @@ class DataConfig:
         if self.path is not None and self.hub_repo is not None:
             fail("hub_repo", "set data.path or data.hub_repo, not both")
         if self.train_split in (self.val_split, self.test_split):
-            fail("train_split", f"{self.train_split!r} is also the validation or test split; "
-                                "held-out tokens must not be trained on")
+            fail(
+                "train_split",
+                f"{self.train_split!r} is also the validation or test split; held-out tokens must not be trained on",
+            )
         if self.val_split == self.test_split:
             test_end = math.inf if self.test_tokens is None else self.test_offset + self.test_tokens
             if self.val_offset < test_end and self.test_offset < self.val_offset + self.val_tokens:
-                fail("test_offset", f"the test range [{self.test_offset:,}, {test_end:,}) of split "
-                     f"{self.test_split!r} overlaps the validation range [{self.val_offset:,}, "
-                     f"{self.val_offset + self.val_tokens:,}); move one of them")
+                fail(
+                    "test_offset",
+                    f"the test range [{self.test_offset:,}, {test_end:,}) of split "
+                    f"{self.test_split!r} overlaps the validation range [{self.val_offset:,}, "
+                    f"{self.val_offset + self.val_tokens:,}); move one of them",
+                )
 
 
 @dataclass
@@ -129,15 +168,24 @@ class OptimConfig:
 
     lr: float = opt(1.4e-3, "peak learning rate, reached at the end of warmup", gt=0)
     min_lr: float = opt(1.4e-4, "floor of the cosine decay", ge=0)
-    warmup_frac: float = opt(0.05, "fraction of the steps in linear warmup: step s < W = round(warmup_frac x "
-                             "steps) takes lr x (s + 1) / W, so the first step uses lr / W and step W - 1 the peak",
-                             ge=0, le=1)
-    schedule: str = opt("cosine", "after warmup: cosine to min_lr, constant, or wsd (stable, then linear "
-                        "decay to min_lr over the last decay_frac)", choices=SCHEDULES)
+    warmup_frac: float = opt(
+        0.05,
+        "fraction of the steps in linear warmup: step s < W = round(warmup_frac x "
+        "steps) takes lr x (s + 1) / W, so the first step uses lr / W and step W - 1 the peak",
+        ge=0,
+        le=1,
+    )
+    schedule: str = opt(
+        "cosine",
+        "after warmup: cosine to min_lr, constant, or wsd (stable, then linear "
+        "decay to min_lr over the last decay_frac)",
+        choices=SCHEDULES,
+    )
     decay_frac: float = opt(0.2, "wsd only: fraction of the steps spent in the final decay", ge=0, le=1)
     weight_decay: float = opt(0.1, "AdamW weight decay", ge=0)
-    decay_norms_and_biases: bool = opt(True, "also decay norm weights and biases "
-                                       "(the write-up's harness decayed every parameter)")
+    decay_norms_and_biases: bool = opt(
+        True, "also decay norm weights and biases (the write-up's harness decayed every parameter)"
+    )
     beta1: float = opt(0.9, "AdamW beta1", ge=0, lt=1)
     beta2: float = opt(0.999, "AdamW beta2 (PyTorch's default)", ge=0, lt=1)
     eps: float = opt(1e-8, "AdamW eps", gt=0)
@@ -147,12 +195,18 @@ class OptimConfig:
         if self.min_lr > self.lr:
             fail("min_lr", f"{self.min_lr} is above optim.lr={self.lr}; the floor must be <= the peak")
         if self.warmup_frac >= 1:
-            fail("warmup_frac", f"{self.warmup_frac:g} leaves no steps after warmup, so the learning rate never "
-                                "decays; choose a fraction below 1 (the write-up: 0.05)")
+            fail(
+                "warmup_frac",
+                f"{self.warmup_frac:g} leaves no steps after warmup, so the learning rate never "
+                "decays; choose a fraction below 1 (the write-up: 0.05)",
+            )
         if self.schedule == "wsd" and self.warmup_frac + self.decay_frac > 1:
-            fail(("warmup_frac", "decay_frac"), f"warmup_frac {self.warmup_frac:g} + decay_frac {self.decay_frac:g} "
-                 "is more than the whole run: the decay would start inside the warmup and the learning rate jump; "
-                 "keep their sum <= 1")
+            fail(
+                ("warmup_frac", "decay_frac"),
+                f"warmup_frac {self.warmup_frac:g} + decay_frac {self.decay_frac:g} "
+                "is more than the whole run: the decay would start inside the warmup and the learning rate jump; "
+                "keep their sum <= 1",
+            )
 
 
 @dataclass
@@ -161,38 +215,54 @@ class TrainConfig:
 
     seed: int = opt(0, "seed of every random draw (initial weights unless model.init_seed, data order)", ge=0)
     micro_batch_size: int = opt(12, "sequences per rank per forward pass", ge=1)
-    global_batch_size: int = opt(96, "sequences per optimizer step over all ranks "
-                                 "(the write-up: 8 GPUs x 12)", ge=1)
+    global_batch_size: int = opt(96, "sequences per optimizer step over all ranks (the write-up: 8 GPUs x 12)", ge=1)
     tokens: int | None = opt(None, "train for this many tokens (set one of tokens / steps / tokens_per_param)", ge=1)
     steps: int | None = opt(None, "train for this many optimizer steps", ge=1)
-    tokens_per_param: float | None = opt(None, "train for this many tokens per parameter outside the norm "
-                                         "layers (20: Chinchilla-optimal); the same length for every norm type",
-                                         gt=0)
-    precision: str = opt("auto", "fp32, bf16 (autocast), fp16 (autocast + grad scaling, the write-up), or "
-                         "auto: bf16 on a GPU that has it, else fp32", choices=("auto",) + PRECISIONS)
+    tokens_per_param: float | None = opt(
+        None,
+        "train for this many tokens per parameter outside the norm "
+        "layers (20: Chinchilla-optimal); the same length for every norm type",
+        gt=0,
+    )
+    precision: str = opt(
+        "auto",
+        "fp32, bf16 (autocast), fp16 (autocast + grad scaling, the write-up), or "
+        "auto: bf16 on a GPU that has it, else fp32",
+        choices=("auto",) + PRECISIONS,
+    )
     compile: bool | None = opt(None, "wrap the model in torch.compile; null: on a CUDA GPU, off on the CPU")
     tf32: bool = opt(True, "CUDA: fp32 matmuls in TF32 (the parts autocast leaves in fp32); no effect on the CPU")
-    prefetch: bool = opt(True, "read the next step's batches in a background thread while this step runs "
-                         "(into pinned memory on CUDA)")
+    prefetch: bool = opt(
+        True, "read the next step's batches in a background thread while this step runs (into pinned memory on CUDA)"
+    )
     eval_every: int = opt(500, "measure the validation loss every this many steps (and at the end)", ge=1)
     checkpoint_every: int = opt(617, "write a checkpoint every this many steps (and at the end)", ge=1)
     keep_last: int = opt(2, "checkpoints kept besides the best one", ge=1)
-    max_nonfinite_steps: int = opt(25, "stop as diverged after this many consecutive steps with a "
-                                   "non-finite loss or gradient (each one's update is skipped)", ge=1)
-    loss_ceiling: float | None = opt(None, "stop as diverged when the train loss exceeds this after warmup; "
-                                     "null: no ceiling", gt=0)
+    max_nonfinite_steps: int = opt(
+        25,
+        "stop as diverged after this many consecutive steps with a "
+        "non-finite loss or gradient (each one's update is skipped)",
+        ge=1,
+    )
+    loss_ceiling: float | None = opt(
+        None, "stop as diverged when the train loss exceeds this after warmup; null: no ceiling", gt=0
+    )
 
     def validate(self, fail) -> None:
         if self.global_batch_size % self.micro_batch_size:
-            fail("global_batch_size", f"{self.global_batch_size} is not a multiple of "
-                 f"train.micro_batch_size={self.micro_batch_size}")
+            fail(
+                "global_batch_size",
+                f"{self.global_batch_size} is not a multiple of train.micro_batch_size={self.micro_batch_size}",
+            )
         lengths = [k for k in ("tokens", "steps", "tokens_per_param") if getattr(self, k) is not None]
         if not lengths:
-            fail("steps", "missing required value: set one of train.tokens, train.steps, "
-                          "train.tokens_per_param")
+            fail("steps", "missing required value: set one of train.tokens, train.steps, train.tokens_per_param")
         if len(lengths) > 1:
-            fail(tuple(lengths), f"set only one of train.tokens, train.steps, train.tokens_per_param "
-                                 f"(got {', '.join('train.' + k for k in lengths)}; set the others to null)")
+            fail(
+                tuple(lengths),
+                f"set only one of train.tokens, train.steps, train.tokens_per_param "
+                f"(got {', '.join('train.' + k for k in lengths)}; set the others to null)",
+            )
 
 
 @dataclass
@@ -205,8 +275,11 @@ class RunConfig:
 
     def validate(self, fail) -> None:
         if self.name in ("", ".", "..") or any(c in self.name for c in "/\\\0"):
-            fail("name", f"{self.name!r} is not a run name: one non-empty folder name without / (the run's "
-                         "folder is runs/<name>; set run.dir for another place)")
+            fail(
+                "name",
+                f"{self.name!r} is not a run name: one non-empty folder name without / (the run's "
+                "folder is runs/<name>; set run.dir for another place)",
+            )
         if self.dir is not None and not self.dir.strip():
             fail("dir", "empty: give a folder, or null for runs/<run.name>")
 
@@ -227,14 +300,24 @@ class LogConfig:
 class HubConfig:
     """Hugging Face Hub upload."""
 
-    repo_id: str | None = opt(None, "Hub repository to publish to, as user/name: a completed run's final model "
-                              "goes to its main branch with the model card; null: no upload")
+    repo_id: str | None = opt(
+        None,
+        "Hub repository to publish to, as user/name: a completed run's final model "
+        "goes to its main branch with the model card; null: no upload",
+    )
     private: bool = opt(True, "create the repository as private")
-    push_every_checkpoint: bool = opt(False, "also upload every checkpoint, each to a branch named after it "
-                                      "(step-00001000), from a background thread training never waits for")
-    wait_on_exit_s: float = opt(60.0, "after a stop signal, wait at most this long for queued uploads (a "
-                                "cluster's grace period before SIGKILL is often 30-120 s); what is left is "
-                                "recorded and uploaded first by the resumed run", ge=0)
+    push_every_checkpoint: bool = opt(
+        False,
+        "also upload every checkpoint, each to a branch named after it "
+        "(step-00001000), from a background thread training never waits for",
+    )
+    wait_on_exit_s: float = opt(
+        60.0,
+        "after a stop signal, wait at most this long for queued uploads (a "
+        "cluster's grace period before SIGKILL is often 30-120 s); what is left is "
+        "recorded and uploaded first by the resumed run",
+        ge=0,
+    )
 
     def validate(self, fail) -> None:
         if self.repo_id is not None and (self.repo_id.count("/") != 1 or not all(self.repo_id.split("/"))):

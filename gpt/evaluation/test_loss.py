@@ -18,17 +18,17 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from gpt.run.checkpoints import checkpoint_config, load_weights, read_info
+from gpt.common.errors import UserError
 from gpt.config import Config, config_from_dict
 from gpt.data.tokens import DataError, TokenRange, open_split, resolve_data_dir, tokenizer_name
-from gpt.run.distributed import Dist
-from gpt.common.errors import UserError
-from gpt.run.fingerprint import evaluation_fingerprint
+from gpt.evaluation.token_loss import evaluate_loss
+from gpt.model.gpt import GPT
 from gpt.model.gpt2_weights import load_hf_gpt2
 from gpt.model.loss import autocast_for
-from gpt.model.gpt import GPT
+from gpt.run.checkpoints import checkpoint_config, load_weights, read_info
 from gpt.run.directory import RunDir, write_eval_result
-from gpt.evaluation.token_loss import evaluate_loss
+from gpt.run.distributed import Dist
+from gpt.run.fingerprint import evaluation_fingerprint
 
 
 @dataclass(frozen=True)
@@ -43,16 +43,21 @@ class RangeOverride:
     def changes(self, cfg: Config) -> bool:
         """Whether this names another range than the run's configured test range (its result is then kept
         under the range's own name, beside the configured range's)."""
-        return ((self.data is not None and self.data != cfg.data.path)
-                or self.split not in (None, cfg.data.test_split)
-                or self.offset not in (None, cfg.data.test_offset)
-                or self.n_tokens not in (None, cfg.data.test_tokens))
+        return (
+            (self.data is not None and self.data != cfg.data.path)
+            or self.split not in (None, cfg.data.test_split)
+            or self.offset not in (None, cfg.data.test_offset)
+            or self.n_tokens not in (None, cfg.data.test_tokens)
+        )
 
     def filled_from(self, result: dict) -> RangeOverride:
         """This override with every part it leaves open taken from another evaluation ``result``."""
-        return RangeOverride(self.data or result["data_dir"], self.split or result["split"],
-                             result["offset"] if self.offset is None else self.offset,
-                             result["n_tokens"] if self.n_tokens is None else self.n_tokens)
+        return RangeOverride(
+            self.data or result["data_dir"],
+            self.split or result["split"],
+            result["offset"] if self.offset is None else self.offset,
+            result["n_tokens"] if self.n_tokens is None else self.n_tokens,
+        )
 
 
 @dataclass(frozen=True)
@@ -77,8 +82,11 @@ class HeldOutRange:
 
 def held_out_range(cfg: Config, override: RangeOverride) -> tuple[HeldOutRange, TokenRange]:
     """The test range a run's config names, with ``override`` applied: its identity and its tokens."""
-    data_dir = Path(override.data) if override.data else resolve_data_dir(cfg.data.path, cfg.data.hub_repo,
-                                                                          cfg.data.hub_revision)
+    data_dir = (
+        Path(override.data)
+        if override.data
+        else resolve_data_dir(cfg.data.path, cfg.data.hub_repo, cfg.data.hub_revision)
+    )
     split = override.split or cfg.data.test_split
     offset = cfg.data.test_offset if override.offset is None else override.offset
     tokens = open_split(data_dir, split)
@@ -95,29 +103,57 @@ def check_disjoint(run: RunDir, rng: HeldOutRange) -> None:
     for what in ("train_token_range", "val_token_range"):
         split, start, end = summary.get(what) or (None, 0, 0)
         if split == rng.split and start < rng.offset + rng.n_tokens and rng.offset < end:
-            raise UserError(f"test range {rng.split} [{rng.offset:,}, {rng.offset + rng.n_tokens:,}) overlaps the "
-                            f"tokens {run.path.name} read for {what.split('_')[0]}: {split} [{start:,}, {end:,}); "
-                            f"choose another --split or --offset")
+            raise UserError(
+                f"test range {rng.split} [{rng.offset:,}, {rng.offset + rng.n_tokens:,}) overlaps the "
+                f"tokens {run.path.name} read for {what.split('_')[0]}: {split} [{start:,}, {end:,}); "
+                f"choose another --split or --offset"
+            )
 
 
 def evaluate_model(model: GPT, rng: HeldOutRange, tokens: TokenRange, options: EvalOptions, dist: Dist) -> dict:
     """Test loss of ``model`` on ``tokens`` (``options.batch_size`` set), as the JSON record evaluate.py writes."""
     seq_len, batch_size = model.cfg.context_length, options.batch_size
     start = time.perf_counter()
-    bar = tqdm(total=tokens.n_sequences(seq_len) * seq_len, unit="tok", unit_scale=True,
-               disable=not (options.show_progress and dist.is_main), file=sys.stderr, desc="evaluating")
+    bar = tqdm(
+        total=tokens.n_sequences(seq_len) * seq_len,
+        unit="tok",
+        unit_scale=True,
+        disable=not (options.show_progress and dist.is_main),
+        file=sys.stderr,
+        desc="evaluating",
+    )
     model.to(dist.device)
-    loss, scored = evaluate_loss(model, tokens, dist, seq_len=seq_len, batch_size=batch_size,
-                                 autocast=autocast_for(options.precision, dist.device), progress=bar.update)
+    loss, scored = evaluate_loss(
+        model,
+        tokens,
+        dist,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        autocast=autocast_for(options.precision, dist.device),
+        progress=bar.update,
+    )
     bar.close()
-    return {"loss": loss, "perplexity": math.exp(loss) if loss < 700 else math.inf, "tokens": scored,
-            **asdict(rng), "range": [rng.offset, rng.offset + rng.n_tokens], "precision": options.precision,
-            "batch_size": batch_size, "world_size": dist.world_size, "seconds": time.perf_counter() - start,
-            "fingerprint": evaluation_fingerprint(dist, tokens.tokens, options.precision)}
+    return {
+        "loss": loss,
+        "perplexity": math.exp(loss) if loss < 700 else math.inf,
+        "tokens": scored,
+        **asdict(rng),
+        "range": [rng.offset, rng.offset + rng.n_tokens],
+        "precision": options.precision,
+        "batch_size": batch_size,
+        "world_size": dist.world_size,
+        "seconds": time.perf_counter() - start,
+        "fingerprint": evaluation_fingerprint(dist, tokens.tokens, options.precision),
+    }
 
 
-def evaluate_checkpoint(ckpt: Path, dist: Dist, options: EvalOptions = EvalOptions(),
-                        override: RangeOverride = RangeOverride(), write: bool = True) -> dict:
+def evaluate_checkpoint(
+    ckpt: Path,
+    dist: Dist,
+    options: EvalOptions = EvalOptions(),
+    override: RangeOverride = RangeOverride(),
+    write: bool = True,
+) -> dict:
     """Held-out loss of one checkpoint; with ``write``, recorded beside it (``gpt.run.directory.write_eval_result``)."""
     cfg = checkpoint_config(ckpt)
     rng, tokens = held_out_range(cfg, override)
@@ -126,16 +162,27 @@ def evaluate_checkpoint(ckpt: Path, dist: Dist, options: EvalOptions = EvalOptio
     load_weights(model, ckpt)
     options = dataclasses.replace(options, batch_size=options.batch_size or cfg.train.micro_batch_size)
     result = evaluate_model(model, rng, tokens, options, dist)
-    result = {"run": cfg.run.name, "norm_type": cfg.model.norm_type, "seed": cfg.train.seed,
-              "checkpoint": str(ckpt), "step": read_info(ckpt).get("step"), **result,
-              "configured_range": not override.changes(cfg)}
+    result = {
+        "run": cfg.run.name,
+        "norm_type": cfg.model.norm_type,
+        "seed": cfg.train.seed,
+        "checkpoint": str(ckpt),
+        "step": read_info(ckpt).get("step"),
+        **result,
+        "configured_range": not override.changes(cfg),
+    }
     if write and dist.is_main:
         write_eval_result(ckpt, result)
     return result
 
 
-def evaluate_hf(name: str, dist: Dist, like: dict | None = None, options: EvalOptions = EvalOptions(),
-                override: RangeOverride = RangeOverride()) -> dict:
+def evaluate_hf(
+    name: str,
+    dist: Dist,
+    like: dict | None = None,
+    options: EvalOptions = EvalOptions(),
+    override: RangeOverride = RangeOverride(),
+) -> dict:
     """A transformers GPT-2 (converted to our model) on the range of ``like`` (another result), or ``override``'s."""
     if like is not None:
         override = override.filled_from(like)
@@ -148,5 +195,11 @@ def evaluate_hf(name: str, dist: Dist, like: dict | None = None, options: EvalOp
     cfg = config_from_dict({"run": {"name": "hf"}, "train": {"steps": 1}, "model": vars(model.cfg)})
     rng, tokens = held_out_range(cfg, override)
     result = evaluate_model(model, rng, tokens, dataclasses.replace(options, batch_size=options.batch_size or 8), dist)
-    return {"run": f"hf:{name}", "norm_type": cfg.model.norm_type, "seed": None, "checkpoint": name, "step": None,
-            **result}
+    return {
+        "run": f"hf:{name}",
+        "norm_type": cfg.model.norm_type,
+        "seed": None,
+        "checkpoint": name,
+        "step": None,
+        **result,
+    }

@@ -12,19 +12,26 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from gpt.data.tokens import TokenRange, check_ids
-from gpt.run.distributed import Dist
 from gpt.model.loss import cross_entropy
+from gpt.run.distributed import Dist
 
 
 @torch.no_grad()
-def evaluate_loss(model: torch.nn.Module, rng: TokenRange, dist: Dist, *, seq_len: int, batch_size: int,
-                  autocast=contextlib.nullcontext, progress: Callable[[int], object] | None = None
-                  ) -> tuple[float, int]:
+def evaluate_loss(
+    model: torch.nn.Module,
+    rng: TokenRange,
+    dist: Dist,
+    *,
+    seq_len: int,
+    batch_size: int,
+    autocast=contextlib.nullcontext,
+    progress: Callable[[int], object] | None = None,
+) -> tuple[float, int]:
     """(mean loss, tokens scored) of ``model`` on ``rng``; ``progress(n)`` is told of each n tokens scored.
 
     Pass the unwrapped model: ranks may score different numbers of batches, which DDP

@@ -143,8 +143,8 @@ class GPT(nn.Module):
                 name = f"{mname}.{pname}"
                 g = torch.Generator(device=p.device).manual_seed(param_seed(seed, name))
                 if p.shape[0] > self.cfg.vocab_size and name in VOCAB_ROWS:
-                    p[self.cfg.vocab_size:] = 0.0  # padding rows: drawn for no one, so the real rows
-                    p = p[:self.cfg.vocab_size]  # are what an unpadded model draws
+                    p[self.cfg.vocab_size :] = 0.0  # padding rows: drawn for no one, so the real rows
+                    p = p[: self.cfg.vocab_size]  # are what an unpadded model draws
                 if isinstance(module, nn.Embedding):
                     nn.init.normal_(p, 0.0, std if gpt2 else 1.0, generator=g)
                 elif isinstance(module, nn.Linear) and pname == "weight":
@@ -185,7 +185,7 @@ class GPT(nn.Module):
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         """idx (B, T) token ids -> logits (B, T, V), and the mean cross-entropy if targets (B, T)."""
         B, T = idx.shape
-        if T > self.cfg.context_length:
+        if self.cfg.context_length < T:
             raise ValueError(f"sequence length {T} exceeds model.context_length={self.cfg.context_length}")
         pos = torch.arange(T, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
@@ -193,17 +193,23 @@ class GPT(nn.Module):
             x = block(x)
         logits = self.lm_head(self.ln_f(x))  # (B, T, V), or (B, T, padded V)
         if logits.shape[-1] > self.cfg.vocab_size:
-            logits = logits[..., :self.cfg.vocab_size]  # padded logits are never predicted nor scored
+            logits = logits[..., : self.cfg.vocab_size]  # padded logits are never predicted nor scored
         loss = cross_entropy(logits, targets) if targets is not None else None
         return logits, loss
 
     @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
         """Append ``max_new_tokens`` sampled tokens to idx (B, T); the context is cropped to context_length.
         ``temperature`` 0 takes the most likely token; ``top_k`` samples among the k most likely."""
         for _ in range(max_new_tokens):
-            logits = self(idx[:, -self.cfg.context_length:])[0][:, -1, :].float()  # (B, V)
+            logits = self(idx[:, -self.cfg.context_length :])[0][:, -1, :].float()  # (B, V)
             if temperature == 0:
                 nxt = logits.argmax(dim=-1, keepdim=True)
             else:

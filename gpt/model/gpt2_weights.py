@@ -43,7 +43,8 @@ HF_COMPATIBLE_NORMS = ("pytorch_layernorm", "handrolled_layernorm", "handrolled_
 def _key_table(n_layers: int) -> list[tuple[str, str, bool]]:
     return _TOP_KEYS + [
         (f"blocks.{i}.{ours}", f"transformer.h.{i}.{theirs}", t)
-        for i in range(n_layers) for ours, theirs, t in _BLOCK_KEYS
+        for i in range(n_layers)
+        for ours, theirs, t in _BLOCK_KEYS
     ]
 
 
@@ -52,23 +53,38 @@ def model_config_from_hf(hf_config: Any, norm_type: str = "pytorch_layernorm") -
     if getattr(hf_config, "activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
         raise ValueError(f"activation {hf_config.activation_function!r} is not GPT-2's tanh GELU")
     return ModelConfig(
-        vocab_size=hf_config.vocab_size, context_length=hf_config.n_positions,
-        d_model=hf_config.n_embd, n_layers=hf_config.n_layer, n_heads=hf_config.n_head,
-        dropout=0.0, qkv_bias=True, tie_weights=bool(getattr(hf_config, "tie_word_embeddings", True)),
-        norm_type=norm_type, norm_eps=hf_config.layer_norm_epsilon,
+        vocab_size=hf_config.vocab_size,
+        context_length=hf_config.n_positions,
+        d_model=hf_config.n_embd,
+        n_layers=hf_config.n_layer,
+        n_heads=hf_config.n_head,
+        dropout=0.0,
+        qkv_bias=True,
+        tie_weights=bool(getattr(hf_config, "tie_word_embeddings", True)),
+        norm_type=norm_type,
+        norm_eps=hf_config.layer_norm_epsilon,
     )
 
 
 def hf_config_kwargs(cfg: ModelConfig) -> dict:
     """Keyword arguments of a transformers ``GPT2Config`` with the same shape as ``cfg``."""
     if cfg.norm_type not in HF_COMPATIBLE_NORMS:
-        raise ValueError(f"norm_type {cfg.norm_type!r} has no GPT2LMHeadModel equivalent; "
-                         f"convertible: {', '.join(HF_COMPATIBLE_NORMS)}")
+        raise ValueError(
+            f"norm_type {cfg.norm_type!r} has no GPT2LMHeadModel equivalent; "
+            f"convertible: {', '.join(HF_COMPATIBLE_NORMS)}"
+        )
     return dict(
-        vocab_size=cfg.vocab_size, n_positions=cfg.context_length, n_embd=cfg.d_model,
-        n_layer=cfg.n_layers, n_head=cfg.n_heads, layer_norm_epsilon=cfg.norm_eps,
-        activation_function="gelu_new", tie_word_embeddings=cfg.tie_weights,
-        resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout,
+        vocab_size=cfg.vocab_size,
+        n_positions=cfg.context_length,
+        n_embd=cfg.d_model,
+        n_layer=cfg.n_layers,
+        n_head=cfg.n_heads,
+        layer_norm_epsilon=cfg.norm_eps,
+        activation_function="gelu_new",
+        tie_word_embeddings=cfg.tie_weights,
+        resid_pdrop=cfg.dropout,
+        embd_pdrop=cfg.dropout,
+        attn_pdrop=cfg.dropout,
     )
 
 
@@ -99,7 +115,7 @@ def state_dict_to_hf(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
         if ours not in sd and ours.endswith("attn.qkv.bias"):
             out[theirs] = torch.zeros(3 * cfg.d_model, dtype=sd["wte.weight"].dtype)
             continue
-        t = sd[ours][:cfg.vocab_size] if ours in VOCAB_ROWS else sd[ours]  # vocabulary padding stays behind
+        t = sd[ours][: cfg.vocab_size] if ours in VOCAB_ROWS else sd[ours]  # vocabulary padding stays behind
         out[theirs] = t.t().contiguous() if transpose else t.clone()
     return out
 

@@ -9,7 +9,7 @@ everywhere it is reported.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, ContextManager
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 PRECISIONS = ("fp32", "bf16", "fp16")  # what autocast_for knows; gpt.config.PRECISIONS names the same
 
 
-def autocast_for(precision: str, device: torch.device) -> Callable[[], ContextManager]:
+def autocast_for(precision: str, device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:
     """A context-manager factory: autocast to bf16 / fp16, or nothing for fp32."""
     if precision == "fp32":
         return contextlib.nullcontext

@@ -12,7 +12,8 @@ anyway (see ``gpt.model.gpt``), so the choice of norm cannot shift any other wei
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -120,7 +121,12 @@ NORM_TYPES: tuple[str, ...] = tuple(_BUILDERS)
 # Every module type make_norm can return: how the model (and the optimizer's
 # weight-decay grouping) recognises a norm layer.
 NORM_MODULES: tuple[type[nn.Module], ...] = (
-    LayerNorm, RMSNorm, DyT, nn.LayerNorm, nn.RMSNorm, nn.Identity,
+    LayerNorm,
+    RMSNorm,
+    DyT,
+    nn.LayerNorm,
+    nn.RMSNorm,
+    nn.Identity,
 )
 
 
@@ -136,9 +142,7 @@ def make_norm(cfg: Any) -> nn.Module:
     """
     norm_type = _cfg_get(cfg, "norm_type")
     if norm_type not in _BUILDERS:
-        raise ValueError(
-            f"unknown norm_type {norm_type!r}; valid types: {', '.join(NORM_TYPES)}"
-        )
+        raise ValueError(f"unknown norm_type {norm_type!r}; valid types: {', '.join(NORM_TYPES)}")
     dim = _cfg_get(cfg, "d_model", None) or _cfg_get(cfg, "emb_dim")
     if dim is None:
         raise ValueError("make_norm needs the width as cfg d_model (or emb_dim)")

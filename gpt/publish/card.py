@@ -40,20 +40,39 @@ class CardFacts:
 def metadata(cfg: Config, f: CardFacts) -> dict:
     """The card's YAML front matter."""
     m = cfg.model
-    meta = {"license": LICENSE, "library_name": "transformers", "pipeline_tag": "text-generation",
-            "tags": ["gpt2", "causal-lm", "normalization", m.norm_type.replace("_", "-"), "gpt-norm-harness"]}
+    meta = {
+        "license": LICENSE,
+        "library_name": "transformers",
+        "pipeline_tag": "text-generation",
+        "tags": ["gpt2", "causal-lm", "normalization", m.norm_type.replace("_", "-"), "gpt-norm-harness"],
+    }
     dataset = f.data_source or cfg.data.hub_repo
     if dataset and "/" in dataset:
         meta["datasets"] = [dataset]
     e = f.evaluation
     if e is not None:
-        meta["model-index"] = [{"name": f.repo_id.split("/")[-1], "results": [{
-            "task": {"type": "text-generation", "name": "Causal language modeling"},
-            "dataset": {"name": dataset or e.get("data_dir", "held-out tokens"),
-                        "type": dataset if dataset and "/" in dataset else "custom",
-                        "split": e["split"]},
-            "metrics": [{"type": "loss", "value": round(e["loss"], 6),
-                         "name": f"held-out test loss (nats/token, {e['n_tokens']:,} tokens)"}]}]}]
+        meta["model-index"] = [
+            {
+                "name": f.repo_id.split("/")[-1],
+                "results": [
+                    {
+                        "task": {"type": "text-generation", "name": "Causal language modeling"},
+                        "dataset": {
+                            "name": dataset or e.get("data_dir", "held-out tokens"),
+                            "type": dataset if dataset and "/" in dataset else "custom",
+                            "split": e["split"],
+                        },
+                        "metrics": [
+                            {
+                                "type": "loss",
+                                "value": round(e["loss"], 6),
+                                "name": f"held-out test loss (nats/token, {e['n_tokens']:,} tokens)",
+                            }
+                        ],
+                    }
+                ],
+            }
+        ]
     return meta
 
 
@@ -76,7 +95,8 @@ def model_lines(cfg: Config, f: CardFacts) -> list[str]:
     m, t, o = cfg.model, cfg.train, cfg.optim
     s = f.summary or {}
     return [
-        "## Model", "",
+        "## Model",
+        "",
         f"- GPT-2-style decoder, {m.n_layers} layers, d_model {m.d_model}, {m.n_heads} heads, context "
         f"{m.context_length}, vocabulary {m.vocab_size:,} (GPT-2 BPE): {f.n_params:,} parameters "
         f"({'tied' if m.tie_weights else 'untied'} embeddings, Q/K/V bias {'on' if m.qkv_bias else 'off'}).",
@@ -88,7 +108,9 @@ def model_lines(cfg: Config, f: CardFacts) -> list[str]:
         f"- Data: {f.data_source or cfg.data.hub_repo or cfg.data.path}.",
         f"- Hardware: {s.get('world_size', '?')} x {s.get('device', '?')}; wall time "
         f"{_duration(s.get('wall_seconds'))}; "
-        f"{_fmt(s.get('tokens_per_s'), ',.0f')} tokens/s (steady state).", ""]
+        f"{_fmt(s.get('tokens_per_s'), ',.0f')} tokens/s (steady state).",
+        "",
+    ]
 
 
 def loss_lines(f: CardFacts) -> list[str]:
@@ -97,20 +119,26 @@ def loss_lines(f: CardFacts) -> list[str]:
     if e is None:
         lines.append("- Held-out test loss: not evaluated yet (`python evaluate.py RUN` writes it).")
     else:
-        lines.append(f"- **Held-out test loss: {e['loss']:.4f}** nats/token (perplexity {math.exp(e['loss']):.2f}): "
-                     f"the token-weighted mean cross-entropy over tokens [{e['range'][0]:,}, {e['range'][1]:,}) "
-                     f"of the `{e['split']}` split of {e.get('data_dir', 'the token set')} ({e['n_tokens']:,} "
-                     f"tokens, {e.get('tokenizer', 'gpt2')} tokenizer), in {e['precision']}, by `evaluate.py`; "
-                     "none of these tokens was trained or validated on.")
+        lines.append(
+            f"- **Held-out test loss: {e['loss']:.4f}** nats/token (perplexity {math.exp(e['loss']):.2f}): "
+            f"the token-weighted mean cross-entropy over tokens [{e['range'][0]:,}, {e['range'][1]:,}) "
+            f"of the `{e['split']}` split of {e.get('data_dir', 'the token set')} ({e['n_tokens']:,} "
+            f"tokens, {e.get('tokenizer', 'gpt2')} tokenizer), in {e['precision']}, by `evaluate.py`; "
+            "none of these tokens was trained or validated on."
+        )
     c = f.comparison
     if c is not None:
         v = c.get("vs_baseline") or {}
-        lines += ["", f"Its row of the comparison (test loss over {c['n_evaluated']} seed(s)):", "",
-                  f"| group | seeds | test loss mean | sd | vs {c['baseline']} (95% CI) |", "|---|---|---|---|---|",
-                  f"| {c['group']} | {c['n_evaluated']} | {_fmt(c['test_loss_mean'], '.4f')} | "
-                  f"{_fmt(c['test_loss_std'], '.4f')} | "
-                  + (f"{_diff(v.get('diff'))} [{_diff(v.get('low'))}, {_diff(v.get('high'))}] |"
-                     if v else "baseline |")]
+        lines += [
+            "",
+            f"Its row of the comparison (test loss over {c['n_evaluated']} seed(s)):",
+            "",
+            f"| group | seeds | test loss mean | sd | vs {c['baseline']} (95% CI) |",
+            "|---|---|---|---|---|",
+            f"| {c['group']} | {c['n_evaluated']} | {_fmt(c['test_loss_mean'], '.4f')} | "
+            f"{_fmt(c['test_loss_std'], '.4f')} | "
+            + (f"{_diff(v.get('diff'))} [{_diff(v.get('low'))}, {_diff(v.get('high'))}] |" if v else "baseline |"),
+        ]
     if f.loss_png:
         lines += ["", "![training and validation loss](loss.png)"]
     return lines + [""]
@@ -119,21 +147,37 @@ def loss_lines(f: CardFacts) -> list[str]:
 def usage_lines(f: CardFacts) -> list[str]:
     native = f.layout is Layout.NATIVE_GPT2
     remote = "" if native else ", trust_remote_code=True"
-    how = ("the stock `GPT2LMHeadModel` layout (zero Q/K/V bias where the model has none); no remote code"
-           if native else "the harness's own model code shipped in this repo (`modeling_gpt_norm.py` wraps `gpt.py`)")
-    return ["## Usage", "", f"Loads with {how}.", "", "```python",
-            "from transformers import AutoModelForCausalLM, AutoTokenizer",
-            f'model = AutoModelForCausalLM.from_pretrained("{f.repo_id}"{remote})',
-            f'tokenizer = AutoTokenizer.from_pretrained("{f.repo_id}"{remote})',
-            'ids = tokenizer("The meaning of life is", return_tensors="pt").input_ids',
-            "print(tokenizer.decode(model.generate(ids, max_new_tokens=40, do_sample=True, top_k=50)[0]))",
-            "```", "", "Or with the harness: `python scripts/generate.py " + f.repo_id + ' --prompt "..."`.', ""]
+    how = (
+        "the stock `GPT2LMHeadModel` layout (zero Q/K/V bias where the model has none); no remote code"
+        if native
+        else "the harness's own model code shipped in this repo (`modeling_gpt_norm.py` wraps `gpt.py`)"
+    )
+    return [
+        "## Usage",
+        "",
+        f"Loads with {how}.",
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        f'model = AutoModelForCausalLM.from_pretrained("{f.repo_id}"{remote})',
+        f'tokenizer = AutoTokenizer.from_pretrained("{f.repo_id}"{remote})',
+        'ids = tokenizer("The meaning of life is", return_tensors="pt").input_ids',
+        "print(tokenizer.decode(model.generate(ids, max_new_tokens=40, do_sample=True, top_k=50)[0]))",
+        "```",
+        "",
+        "Or with the harness: `python scripts/generate.py " + f.repo_id + ' --prompt "..."`.',
+        "",
+    ]
 
 
 def card_text(cfg: Config, f: CardFacts) -> str:
     """The whole README.md."""
     head = "---\n" + yaml.safe_dump(metadata(cfg, f), sort_keys=False) + "---\n"
-    title = [f"# {f.repo_id.split('/')[-1]}", "",
-             f"A GPT-2-style model trained with gpt-norm-harness to compare "
-             f"normalisation layers; this one uses `{cfg.model.norm_type}`.", ""]
+    title = [
+        f"# {f.repo_id.split('/')[-1]}",
+        "",
+        f"A GPT-2-style model trained with gpt-norm-harness to compare "
+        f"normalisation layers; this one uses `{cfg.model.norm_type}`.",
+        "",
+    ]
     return head + "\n".join(title + model_lines(cfg, f) + loss_lines(f) + usage_lines(f))

@@ -30,16 +30,36 @@ def write_tokenizer(folder: Path, context_length: int) -> list[str]:
     src = gpt2_files_dir()
     shutil.copyfile(src / "encoder.json", folder / "vocab.json")
     shutil.copyfile(src / "vocab.bpe", folder / "merges.txt")
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "GPT2Tokenizer", "model_max_length": context_length, "add_prefix_space": False,
-        "bos_token": EOT, "eos_token": EOT, "unk_token": EOT}, indent=2) + "\n")
-    (folder / "special_tokens_map.json").write_text(json.dumps({"bos_token": EOT, "eos_token": EOT,
-                                                                "unk_token": EOT}, indent=2) + "\n")
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "GPT2Tokenizer",
+                "model_max_length": context_length,
+                "add_prefix_space": False,
+                "bos_token": EOT,
+                "eos_token": EOT,
+                "unk_token": EOT,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    (folder / "special_tokens_map.json").write_text(
+        json.dumps({"bos_token": EOT, "eos_token": EOT, "unk_token": EOT}, indent=2) + "\n"
+    )
     return ["vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json"]
 
 
-def card_facts(ckpt: Path, cfg: Config, repo_id: str, n_params: int, run: RunDir, summary: dict | None,
-               comparison: dict | None, layout: Layout) -> CardFacts:
+def card_facts(
+    ckpt: Path,
+    cfg: Config,
+    repo_id: str,
+    n_params: int,
+    run: RunDir,
+    summary: dict | None,
+    comparison: dict | None,
+    layout: Layout,
+) -> CardFacts:
     """What the card says of ``ckpt``: its info, the run's summary and charts, its test loss."""
     info = read_info(ckpt)
     evaluation = next((e for p in ("fp32", "bf16", "fp16") if (e := read_eval_result(ckpt, "test", p))), None)
@@ -47,11 +67,19 @@ def card_facts(ckpt: Path, cfg: Config, repo_id: str, n_params: int, run: RunDir
     source = (meta or {}).get("source")  # prepare_data's description: a Hub data set's repo, or a name
     if isinstance(source, dict):
         source = source.get("repo") or source.get("name")
-    return CardFacts(repo_id=repo_id, n_params=n_params, step=info.get("step"), tokens=info.get("tokens"),
-                     val_loss=info.get("val_loss"), summary=summary if summary is not None else run.summary(),
-                     evaluation=evaluation, comparison=comparison if comparison is not None else find_comparison(run),
-                     data_source=source if isinstance(source, str) else None, layout=layout,
-                     loss_png=run.loss_chart.is_file())
+    return CardFacts(
+        repo_id=repo_id,
+        n_params=n_params,
+        step=info.get("step"),
+        tokens=info.get("tokens"),
+        val_loss=info.get("val_loss"),
+        summary=summary if summary is not None else run.summary(),
+        evaluation=evaluation,
+        comparison=comparison if comparison is not None else find_comparison(run),
+        data_source=source if isinstance(source, str) else None,
+        layout=layout,
+        loss_png=run.loss_chart.is_file(),
+    )
 
 
 def comparison_row(result: dict, run: RunDir) -> dict | None:
@@ -74,9 +102,16 @@ def find_comparison(run: RunDir) -> dict | None:
     return None
 
 
-def export_checkpoint(ckpt: Path, folder: Path, repo_id: str, *, layout: Layout = Layout.REMOTE_CODE,
-                      run: RunDir | None = None, summary: dict | None = None,
-                      comparison: dict | None = None) -> list[str]:
+def export_checkpoint(
+    ckpt: Path,
+    folder: Path,
+    repo_id: str,
+    *,
+    layout: Layout = Layout.REMOTE_CODE,
+    run: RunDir | None = None,
+    summary: dict | None = None,
+    comparison: dict | None = None,
+) -> list[str]:
     """Write ``ckpt`` into ``folder`` as a Hub repo's files; returns their names."""
     cfg = checkpoint_config(ckpt)
     weights = export_weights(cfg, read_weights(ckpt), layout)

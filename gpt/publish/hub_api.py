@@ -52,14 +52,26 @@ def why_upload_failed(error: BaseException) -> str:
     if status in (401, 403):
         return "check the token (HF_TOKEN or `hf auth login`) and its write access"
     network = ("Timeout", "ConnectError", "ConnectionError", "NetworkError", "RemoteProtocolError", "ReadError")
-    if any(name in type(e).__name__ for e in (error, error.__cause__, error.__context__) if e is not None
-           for name in network):
+    if any(
+        name in type(e).__name__
+        for e in (error, error.__cause__, error.__context__)
+        if e is not None
+        for name in network
+    ):
         return f"the Hub at {endpoint()} did not answer; check the network, or HF_ENDPOINT"
     return "check the repository name and the token's write access (HF_TOKEN or `hf auth login`)"
 
 
-def upload_folder(folder: Path, repo_id: str, *, private: bool = True, revision: str | None = None,
-                  message: str = "Upload model", attempts: int = 3, backoff: float = 1.0) -> str:
+def upload_folder(
+    folder: Path,
+    repo_id: str,
+    *,
+    private: bool = True,
+    revision: str | None = None,
+    message: str = "Upload model",
+    attempts: int = 3,
+    backoff: float = 1.0,
+) -> str:
     """Create the repo (and branch) if needed and upload ``folder`` in one commit; returns the commit id.
     Errors are retried ``attempts`` times with doubling waits, then raised as one HubError line."""
     from huggingface_hub import HfApi  # imported when used: training without a hub repo never needs it
@@ -72,13 +84,17 @@ def upload_folder(folder: Path, repo_id: str, *, private: bool = True, revision:
             api.create_repo(repo_id, private=private, exist_ok=True)
             if revision not in (None, "main"):
                 api.create_branch(repo_id, branch=revision, exist_ok=True)
-            info = api.upload_folder(repo_id=repo_id, folder_path=str(folder), revision=revision,
-                                     commit_message=message)
+            info = api.upload_folder(
+                repo_id=repo_id, folder_path=str(folder), revision=revision, commit_message=message
+            )
             return info.oid
         except Exception as e:  # noqa: BLE001  any failure of the client or the network: retried, then one line
             error = e
             if attempt + 1 < attempts:
-                time.sleep(backoff * 2 ** attempt)
+                time.sleep(backoff * 2**attempt)
     reason = f"{first_line(error)}; {why_upload_failed(error)}"
-    raise UploadError(f"upload to {repo_id}{'@' + revision if revision else ''} failed after {attempts} attempts: "
-                      f"{first_line(error)}; nothing local changed: {why_upload_failed(error)}, then run again", reason)
+    raise UploadError(
+        f"upload to {repo_id}{'@' + revision if revision else ''} failed after {attempts} attempts: "
+        f"{first_line(error)}; nothing local changed: {why_upload_failed(error)}, then run again",
+        reason,
+    )

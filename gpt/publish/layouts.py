@@ -27,8 +27,13 @@ from gpt.common.errors import first_line
 from gpt.config import Config, config_from_dict, config_to_dict
 from gpt.data.tokenizer import EOT_TOKEN
 from gpt.model.gpt import GPT, VOCAB_ROWS
-from gpt.model.gpt2_weights import (HF_COMPATIBLE_NORMS, hf_config_kwargs, model_config_from_hf, state_dict_from_hf,
-                                    state_dict_to_hf)
+from gpt.model.gpt2_weights import (
+    HF_COMPATIBLE_NORMS,
+    hf_config_kwargs,
+    model_config_from_hf,
+    state_dict_from_hf,
+    state_dict_to_hf,
+)
 from gpt.publish.hub_api import HubError
 from gpt.run.checkpoints import MODEL_FILE
 
@@ -62,14 +67,16 @@ def export_weights(cfg: Config, sd: dict[str, torch.Tensor], layout: Layout) -> 
         sd = {**sd, "wte.weight": shared, "lm_head.weight": shared}
     if layout is Layout.NATIVE_GPT2:
         if m.norm_type not in HF_COMPATIBLE_NORMS:
-            raise HubError(f"--native-gpt2: GPT2LMHeadModel has LayerNorm only, and this model's norm is "
-                           f"{m.norm_type}; publish it with remote code (without --native-gpt2); native: "
-                           f"{', '.join(HF_COMPATIBLE_NORMS)}")
+            raise HubError(
+                f"--native-gpt2: GPT2LMHeadModel has LayerNorm only, and this model's norm is "
+                f"{m.norm_type}; publish it with remote code (without --native-gpt2); native: "
+                f"{', '.join(HF_COMPATIBLE_NORMS)}"
+            )
         out = state_dict_to_hf(sd, m)
         if m.tie_weights:
             out.pop("lm_head.weight")  # the embedding itself: tied again on load
     else:
-        out = {k: v[:m.vocab_size] if k in VOCAB_ROWS else v for k, v in sd.items()}
+        out = {k: v[: m.vocab_size] if k in VOCAB_ROWS else v for k, v in sd.items()}
         if m.tie_weights:
             out.pop("lm_head.weight")
         out = {REMOTE_PREFIX + k: v for k, v in out.items()}
@@ -85,14 +92,28 @@ def special_tokens(vocab_size: int) -> dict:
 def remote_config(cfg: Config) -> dict:
     """config.json of the remote-code layout; ``harness_config`` is the run's whole config."""
     m = cfg.model
-    return {"architectures": ["GPTNormForCausalLM"], "model_type": "gpt_norm",
-            "auto_map": {"AutoConfig": "configuration_gpt_norm.GPTNormConfig",
-                         "AutoModelForCausalLM": "modeling_gpt_norm.GPTNormForCausalLM"},
-            "vocab_size": m.vocab_size, "n_positions": m.context_length, "n_embd": m.d_model, "n_layer": m.n_layers,
-            "n_head": m.n_heads, "norm_type": m.norm_type, "norm_eps": m.norm_eps,
-            "dyt_alpha_init": m.dyt_alpha_init, "qkv_bias": m.qkv_bias, "tie_word_embeddings": m.tie_weights,
-            **special_tokens(m.vocab_size), "use_cache": False, "dtype": "float32",
-            "harness_config": config_to_dict(cfg)}
+    return {
+        "architectures": ["GPTNormForCausalLM"],
+        "model_type": "gpt_norm",
+        "auto_map": {
+            "AutoConfig": "configuration_gpt_norm.GPTNormConfig",
+            "AutoModelForCausalLM": "modeling_gpt_norm.GPTNormForCausalLM",
+        },
+        "vocab_size": m.vocab_size,
+        "n_positions": m.context_length,
+        "n_embd": m.d_model,
+        "n_layer": m.n_layers,
+        "n_head": m.n_heads,
+        "norm_type": m.norm_type,
+        "norm_eps": m.norm_eps,
+        "dyt_alpha_init": m.dyt_alpha_init,
+        "qkv_bias": m.qkv_bias,
+        "tie_word_embeddings": m.tie_weights,
+        **special_tokens(m.vocab_size),
+        "use_cache": False,
+        "dtype": "float32",
+        "harness_config": config_to_dict(cfg),
+    }
 
 
 def hub_config(cfg: Config, layout: Layout) -> dict:
@@ -102,9 +123,15 @@ def hub_config(cfg: Config, layout: Layout) -> dict:
 
 def native_config(cfg: Config) -> dict:
     """config.json of the stock GPT2LMHeadModel layout."""
-    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", **hf_config_kwargs(cfg.model),
-            "n_ctx": cfg.model.context_length, **special_tokens(cfg.model.vocab_size), "dtype": "float32",
-            "harness_config": config_to_dict(cfg)}
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        **hf_config_kwargs(cfg.model),
+        "n_ctx": cfg.model.context_length,
+        **special_tokens(cfg.model.vocab_size),
+        "dtype": "float32",
+        "harness_config": config_to_dict(cfg),
+    }
 
 
 def write_code(folder: Path) -> list[str]:
@@ -133,8 +160,10 @@ def load_published(folder: Path):
         if cfg.tie_weights:
             weights["lm_head.weight"] = weights["wte.weight"]
     else:
-        raise HubError(f"{folder / 'config.json'}: neither this harness's model nor GPT-2 "
-                       f"(model_type {config.get('model_type')!r})")
+        raise HubError(
+            f"{folder / 'config.json'}: neither this harness's model nor GPT-2 "
+            f"(model_type {config.get('model_type')!r})"
+        )
     model = GPT(cfg)
     model.load_state_dict(weights)
     return model.eval()

@@ -23,14 +23,26 @@ from gpt.run.directory import RunDir, eval_result_files
 from gpt.training.hooks import RunHooks
 
 
-def push(ckpt: Path, repo_id: str, *, layout: Layout = Layout.REMOTE_CODE, private: bool = True, revision: str | None = None,
-         comparison: dict | None = None) -> tuple[str, list[str]]:
+def push(
+    ckpt: Path,
+    repo_id: str,
+    *,
+    layout: Layout = Layout.REMOTE_CODE,
+    private: bool = True,
+    revision: str | None = None,
+    comparison: dict | None = None,
+) -> tuple[str, list[str]]:
     """Export ``ckpt`` to a temporary folder and upload it; returns (commit id, files)."""
     with tempfile.TemporaryDirectory(prefix="gpt-hub-") as tmp:
         files = export_checkpoint(ckpt, Path(tmp), repo_id, layout=layout, comparison=comparison)
         info = read_info(ckpt)
-        commit = upload_folder(Path(tmp), repo_id, private=private, revision=revision,
-                               message=f"{ckpt.name} (step {info.get('step', '?')})")
+        commit = upload_folder(
+            Path(tmp),
+            repo_id,
+            private=private,
+            revision=revision,
+            message=f"{ckpt.name} (step {info.get('step', '?')})",
+        )
     return commit, files
 
 
@@ -75,7 +87,7 @@ class CheckpointUploader:
         """Queue the staged copies an earlier process left (oldest step first); remove incomplete ones."""
         staging, branches = self.run.hub_staging, []
         for staged in sorted(staging.iterdir()) if staging.is_dir() else []:
-            branch = staged.name[len("step-00000000-"):]
+            branch = staged.name[len("step-00000000-") :]
             complete = all((staged / name).is_file() for name in (MODEL_FILE, CONFIG_FILE, INFO_FILE))
             if complete and branch and (branch == "main" or branch not in self.record["uploaded"]):
                 self.jobs.put((staged, branch, None))
@@ -106,9 +118,15 @@ class CheckpointUploader:
             try:
                 with tempfile.TemporaryDirectory(prefix="gpt-hub-") as tmp:
                     export_checkpoint(staged, Path(tmp), self.repo_id, run=self.run, summary=summary)
-                    commit = upload_folder(Path(tmp), self.repo_id, private=self.private, revision=branch,
-                                           message=f"{staged.name} ({branch})", attempts=self.attempts,
-                                           backoff=self.backoff)
+                    commit = upload_folder(
+                        Path(tmp),
+                        self.repo_id,
+                        private=self.private,
+                        revision=branch,
+                        message=f"{staged.name} ({branch})",
+                        attempts=self.attempts,
+                        backoff=self.backoff,
+                    )
                 self._note(branch, uploaded=commit)
             except Exception as e:  # noqa: BLE001  a failed upload is recorded, never raised into training
                 self._note(branch, failed=getattr(e, "reason", None) or first_line(e))
@@ -130,8 +148,7 @@ class CheckpointUploader:
         current = [self.current[1]] if self.current is not None else []
         return current + [job[1] for job in list(self.jobs.queue) if job is not None]
 
-    def finish(self, final: Path | None = None, summary: dict | None = None, stop=None,
-               wait_s: float = 60.0) -> dict:
+    def finish(self, final: Path | None = None, summary: dict | None = None, stop=None, wait_s: float = 60.0) -> dict:
         """Upload ``final`` to main (when given) and wait for the queued uploads: for all of them, unless a
         stop signal came (``stop.requested``), then for at most ``wait_s`` seconds from it, or a second one
         (``stop.hurry``), then not at all. What is left stays staged for the next start; the report says it."""
@@ -153,8 +170,13 @@ class CheckpointUploader:
             self.run.write_hub_record(self.record)
             if not left:
                 shutil.rmtree(self.run.hub_staging, ignore_errors=True)
-            return {"repo_id": self.repo_id, "endpoint": endpoint(), "uploaded": sorted(self.record["uploaded"]),
-                    "failed": dict(self.record["failed"]), "left": left}
+            return {
+                "repo_id": self.repo_id,
+                "endpoint": endpoint(),
+                "uploaded": sorted(self.record["uploaded"]),
+                "failed": dict(self.record["failed"]),
+                "left": left,
+            }
 
 
 def upload_problems(report: dict) -> str | None:

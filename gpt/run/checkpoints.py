@@ -27,15 +27,15 @@ import re
 import shutil
 import struct
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 
-from gpt.config import RESUMABLE, Config, ConfigError, config_differences, load_config
 from gpt.common.errors import UserError, first_line, os_reason, shortened
+from gpt.config import RESUMABLE, Config, ConfigError, config_differences, load_config
 
 MODEL_FILE, STATE_FILE, CONFIG_FILE, INFO_FILE = "model.safetensors", "state.pt", "config.yaml", "checkpoint.json"
 # torch's own message for such a file advises the unsafe load: it is never repeated
@@ -100,8 +100,17 @@ def step_folders(root: Path) -> list[Path]:
     return sorted(p for p in root.glob("step-*") if p.is_dir() and STEP_NAME.fullmatch(p.name)) if root.is_dir() else []
 
 
-def save_checkpoint(root: Path, step: int, model: torch.nn.Module, *, state: dict, config_yaml: str,
-                    info: dict, keep_last: int, is_best: bool) -> Path:
+def save_checkpoint(
+    root: Path,
+    step: int,
+    model: torch.nn.Module,
+    *,
+    state: dict,
+    config_yaml: str,
+    info: dict,
+    keep_last: int,
+    is_best: bool,
+) -> Path:
     """Write checkpoint ``step`` into the checkpoints folder ``root`` atomically, move ``latest``
     (and ``best``) to it, and prune old ones: the last ``keep_last`` and the pointed-to stay.
 
@@ -130,8 +139,10 @@ def save_checkpoint(root: Path, step: int, model: torch.nn.Module, *, state: dic
         except CheckpointError:
             last = None
         kept = f"the last good checkpoint is {last.name}" if last else "no checkpoint was written yet"
-        raise CheckpointError(f"cannot write checkpoint {name} in {root}: {os_reason(e)}; {kept}; "
-                              "free space or fix the folder, then rerun with --resume auto") from None
+        raise CheckpointError(
+            f"cannot write checkpoint {name} in {root}: {os_reason(e)}; {kept}; "
+            "free space or fix the folder, then rerun with --resume auto"
+        ) from None
     final = root / name
     if final.exists():  # the same step again (a resumed run passing it): swap, never a gap
         aside = root / f".old-{name}-{os.getpid()}"
@@ -280,8 +291,10 @@ def check_same_experiment(saved: Config, wanted: Config, source: Path) -> None:
     if any(k.startswith("model.") for k, _, _ in diffs):
         raise CheckpointError(f"{source} holds a different model; {listed}")
     allowed = ", ".join(p + "*" if p.endswith(".") else p for p in RESUMABLE)
-    raise CheckpointError(f"{source} was trained with a different config; {listed}; a resumed run may change "
-                          f"only {allowed}: resume with the checkpoint's values, or start a new run")
+    raise CheckpointError(
+        f"{source} was trained with a different config; {listed}; a resumed run may change "
+        f"only {allowed}: resume with the checkpoint's values, or start a new run"
+    )
 
 
 def load_weights(model: torch.nn.Module, ckpt: Path) -> None:
@@ -289,14 +302,17 @@ def load_weights(model: torch.nn.Module, ckpt: Path) -> None:
     try:
         missing, unexpected = load_model(model, str(path), strict=False)
     except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing (pruned by a running trainer, or deleted); choose another "
-                              "checkpoint") from None
+        raise CheckpointError(
+            f"{path}: missing (pruned by a running trainer, or deleted); choose another checkpoint"
+        ) from None
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:  # a damaged file
         raise CheckpointError(f"{path}: cannot load ({first_line(e)}); the file is damaged") from None
     if missing or unexpected:
-        raise CheckpointError(f"{ckpt}: weights do not fit the model ({len(missing)} missing: {shortened(missing)}; "
-                              f"{len(unexpected)} unexpected: {shortened(unexpected)}); it holds another model: "
-                              "use the config it was trained with")
+        raise CheckpointError(
+            f"{ckpt}: weights do not fit the model ({len(missing)} missing: {shortened(missing)}; "
+            f"{len(unexpected)} unexpected: {shortened(unexpected)}); it holds another model: "
+            "use the config it was trained with"
+        )
 
 
 def load_state(ckpt: Path) -> dict:

@@ -26,15 +26,22 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import yaml
 
-from gpt.run.checkpoints import (MODEL_FILE, CheckpointError, is_checkpoint, newest_loadable, problem, read_pointer,
-                            step_folders)
 from gpt.common.errors import UserError, first_line, os_reason
+from gpt.run.checkpoints import (
+    MODEL_FILE,
+    CheckpointError,
+    is_checkpoint,
+    newest_loadable,
+    problem,
+    read_pointer,
+    step_folders,
+)
 
 COMPLETED, DIVERGED, INTERRUPTED, RUNNING = "completed", "diverged", "interrupted", "running"
 UNFINISHED = "unfinished"  # no summary.json: killed before its first summary, or never started
@@ -154,11 +161,15 @@ class RunDir:
         try:
             data = yaml.safe_load(self.config_file.read_text())
         except (yaml.YAMLError, UnicodeDecodeError) as e:
-            raise UserError(f"{self.config_file}: damaged config ({first_line(e)}); restore it from a "
-                            f"checkpoint's {self.config_file.name}") from None
+            raise UserError(
+                f"{self.config_file}: damaged config ({first_line(e)}); restore it from a "
+                f"checkpoint's {self.config_file.name}"
+            ) from None
         if not isinstance(data, dict):
-            raise UserError(f"{self.config_file}: damaged config (not a mapping of sections); restore it from a "
-                            f"checkpoint's {self.config_file.name}")
+            raise UserError(
+                f"{self.config_file}: damaged config (not a mapping of sections); restore it from a "
+                f"checkpoint's {self.config_file.name}"
+            )
         return data
 
     def metrics(self, dropped: list[int] | None = None) -> list[dict]:
@@ -183,15 +194,20 @@ class RunDir:
         if which == "final":
             status = self.status()
             if status != COMPLETED:
-                raise UserError(f"{self.path}: the run has no final checkpoint (status: {status}); "
-                                "use --which latest or --which best")
+                raise UserError(
+                    f"{self.path}: the run has no final checkpoint (status: {status}); "
+                    "use --which latest or --which best"
+                )
             which = "latest"
         return find_checkpoint(self.path, which)
 
     def holds_run(self) -> bool:
         """Whether a run has trained here: it logged metrics or wrote a checkpoint."""
-        return (self.metrics_file.is_file() or bool(step_folders(self.checkpoints))
-                or (self.checkpoints / "latest").is_file())
+        return (
+            self.metrics_file.is_file()
+            or bool(step_folders(self.checkpoints))
+            or (self.checkpoints / "latest").is_file()
+        )
 
     def owns(self, ckpt: Path | None) -> bool:
         """Whether ``ckpt`` is one of this run's own checkpoints."""
@@ -216,15 +232,19 @@ class RunDir:
         source = find_checkpoint(resume) if resume is not None else None
         damage = problem(source) if source is not None else None
         if damage is not None:
-            raise CheckpointError(f"{source}: cannot resume from it: {damage}; choose another checkpoint "
-                                  "(--resume auto takes the newest one that loads)")
+            raise CheckpointError(
+                f"{source}: cannot resume from it: {damage}; choose another checkpoint "
+                "(--resume auto takes the newest one that loads)"
+            )
         if self.owns(source):
             return source  # an earlier checkpoint of this very run
         if self.holds_run() and not overwrite:
             steps = step_folders(self.checkpoints)
             what = f"checkpoints up to {steps[-1].name}" if steps else "metrics of an earlier run"
-            raise UserError(f"{self.path} already holds a run ({what}); pass --resume auto to continue it, "
-                            f"--overwrite to start over (the old run is moved aside), or set run.name / run.dir")
+            raise UserError(
+                f"{self.path} already holds a run ({what}); pass --resume auto to continue it, "
+                f"--overwrite to start over (the old run is moved aside), or set run.name / run.dir"
+            )
         return source
 
     def move_aside(self) -> Path:
@@ -248,11 +268,15 @@ class RunDir:
             dropped: list[int] = []
             self.truncate_metrics(step, dropped)  # steps past the checkpoint are logged again
             if dropped:
-                notes.append(f"{self.metrics_file}: dropped unparsable line(s) {', '.join(map(str, dropped))} "
-                             "(a kill or a full disk cut them short)")
+                notes.append(
+                    f"{self.metrics_file}: dropped unparsable line(s) {', '.join(map(str, dropped))} "
+                    "(a kill or a full disk cut them short)"
+                )
         except OSError as e:
-            raise UserError(f"cannot set up the run directory {self.path}: {os_reason(e)}; make it writable "
-                            "(or free space) and rerun") from None
+            raise UserError(
+                f"cannot set up the run directory {self.path}: {os_reason(e)}; make it writable "
+                "(or free space) and rerun"
+            ) from None
         return notes
 
     def truncate_metrics(self, after_step: int, dropped: list[int] | None = None) -> None:
@@ -284,15 +308,19 @@ class RunLock:
             probe.unlink()
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:  # read-only, no permission, a file in the way: before anything is built
-            raise UserError(f"cannot write the run directory {run_path}: {os_reason(e)}; make it writable, or "
-                            "set run.dir (or run.name) to a folder this user can write") from None
+            raise UserError(
+                f"cannot write the run directory {run_path}: {os_reason(e)}; make it writable, or "
+                "set run.dir (or run.name) to a folder this user can write"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _read_holder(fd)
             os.close(fd)
-            raise RunBusyError(f"{run_path} is in use by another trainer (PID {holder}); wait for it to end or "
-                               "stop it, or choose another run.name") from None
+            raise RunBusyError(
+                f"{run_path} is in use by another trainer (PID {holder}); wait for it to end or "
+                "stop it, or choose another run.name"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()} on {socket.gethostname()}\n".encode(), 0)
         self.fd = fd
@@ -331,8 +359,10 @@ def find_checkpoint(path: str | Path, which: str = "latest") -> Path:
         if target is not None:
             if not is_checkpoint(target):
                 there = ", ".join(p.name for p in step_folders(root)) or "none"
-                raise CheckpointError(f"{root / which} names {target.name}, which is missing or incomplete; "
-                                      f"give a checkpoint folder instead (checkpoints there: {there})")
+                raise CheckpointError(
+                    f"{root / which} names {target.name}, which is missing or incomplete; "
+                    f"give a checkpoint folder instead (checkpoints there: {there})"
+                )
             return target
     if not path.exists():
         raise CheckpointError(f"{path}: no such run or checkpoint")
@@ -346,12 +376,15 @@ def resolve_which(run_or_ckpt: str | Path, which: str) -> Path:
         return path
     run = RunDir(path)
     if not run.looks_like_run():
-        raise UserError(f"{path}: not a run directory or checkpoint (no {run.config_file.name}, "
-                        f"no {run.checkpoints.name}/, no {MODEL_FILE})")
+        raise UserError(
+            f"{path}: not a run directory or checkpoint (no {run.config_file.name}, "
+            f"no {run.checkpoints.name}/, no {MODEL_FILE})"
+        )
     return run.checkpoint(which)
 
 
 # ------------------------------------------------------------ evaluation results
+
 
 def eval_result_file(ckpt: Path, split: str, precision: str, span: tuple[int, int] | None = None) -> Path:
     """Where the loss of checkpoint ``ckpt`` on ``split`` in ``precision`` is kept: over the run's configured
@@ -386,11 +419,17 @@ def write_eval_result(ckpt: Path, result: dict) -> bool:
     try:  # opening a file in a folder that is gone fails: a pruned checkpoint is never recreated
         path.write_text(json.dumps(result, indent=2) + "\n")
     except FileNotFoundError:
-        print(f"warning: {ckpt} was removed while it was evaluated (pruned by its running trainer); the result "
-              f"is printed but not kept: evaluate a checkpoint that stays, e.g. --which best", file=sys.stderr)
+        print(
+            f"warning: {ckpt} was removed while it was evaluated (pruned by its running trainer); the result "
+            f"is printed but not kept: evaluate a checkpoint that stays, e.g. --which best",
+            file=sys.stderr,
+        )
         return False
     except OSError as e:  # a read-only run: the numbers are still worth having
-        print(f"warning: cannot keep the result in {path}: {os_reason(e)}; it is printed, and --json FILE "
-              "writes it where you choose", file=sys.stderr)
+        print(
+            f"warning: cannot keep the result in {path}: {os_reason(e)}; it is printed, and --json FILE "
+            "writes it where you choose",
+            file=sys.stderr,
+        )
         return False
     return True

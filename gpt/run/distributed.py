@@ -113,8 +113,10 @@ def pick_device(choice: str, local_rank: int = 0) -> torch.device:
     if not torch.cuda.is_available():
         raise UserError("run.device is cuda but torch sees no GPU; use run.device: auto or cpu")
     if local_rank >= torch.cuda.device_count():
-        raise UserError(f"local rank {local_rank} has no GPU ({torch.cuda.device_count()} visible); "
-                        "use --nproc_per_node <= the number of GPUs")
+        raise UserError(
+            f"local rank {local_rank} has no GPU ({torch.cuda.device_count()} visible); "
+            "use --nproc_per_node <= the number of GPUs"
+        )
     return torch.device("cuda", local_rank)
 
 
@@ -128,7 +130,6 @@ def setup(device_choice: str = "auto") -> Dist:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, timeout=timedelta(minutes=30),
-                            device_id=device if device.type == "cuda" else None)
+    dist.init_process_group(backend, timeout=timedelta(minutes=30), device_id=device if device.type == "cuda" else None)
     control = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
     return Dist(rank, local_rank, world_size, device, control)

@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpt.run.checkpoints import CheckpointError
 from gpt.config import flatten
 from gpt.data.tokens import TokenFile
+from gpt.run.checkpoints import CheckpointError
 from gpt.run.distributed import Dist, device_name
 from gpt.run.fastpath import FastPath
 
@@ -44,13 +44,19 @@ SOURCE = Path(__file__).resolve().parents[1]  # the package whose code is hashed
 
 # Recorded for the reader, never compared: they do not change a number (code.source stands for the code).
 PER_SEGMENT = ("from_step", "started", "host")
-INFORMATIONAL = (*PER_SEGMENT, "code.version", "code.commit", "code.dirty", "software.python", "software.numpy",
-                 "data.dir")
+INFORMATIONAL = (
+    *PER_SEGMENT,
+    "code.version",
+    "code.commit",
+    "code.dirty",
+    "software.python",
+    "software.numpy",
+    "data.dir",
+)
 # Config keys that say where the tokens are; the fingerprint's data identity says what they are.
 LOCATION = ("data.path", "data.hub_repo", "data.hub_revision")
 # What a resume may not change (prefixes of flat keys): the run would compute something else from there on.
-FIXED_ON_RESUME = ("data.tokenizer", "data.train.", "data.val.", "train.precision", "train.tf32",
-                   "hardware.device")
+FIXED_ON_RESUME = ("data.tokenizer", "data.train.", "data.val.", "train.precision", "train.tf32", "hardware.device")
 
 
 @functools.lru_cache(maxsize=1)
@@ -70,9 +76,11 @@ def code_version() -> dict:
 def _git_state() -> dict:
     """``{"commit", "dirty"}`` of the checkout the package lives in; None for both when it is not one
     (an installed copy, or no git)."""
+
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(SOURCE), *args], capture_output=True, text=True, timeout=10,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "-C", str(SOURCE), *args], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
 
     try:
         top = Path(git("rev-parse", "--show-toplevel"))
@@ -83,29 +91,54 @@ def _git_state() -> dict:
         return {"commit": None, "dirty": None}
 
 
-def take(fast: FastPath, dist: Dist, *, data_dir: Path, tokenizer: str, micro_batch_size: int, grad_accum: int,
-         train: TokenFile, train_range: tuple[int, int], val: TokenFile, val_range: tuple[int, int],
-         from_step: int) -> dict:
+def take(
+    fast: FastPath,
+    dist: Dist,
+    *,
+    data_dir: Path,
+    tokenizer: str,
+    micro_batch_size: int,
+    grad_accum: int,
+    train: TokenFile,
+    train_range: tuple[int, int],
+    val: TokenFile,
+    val_range: tuple[int, int],
+    from_step: int,
+) -> dict:
     """The fingerprint of a training segment starting after ``from_step`` on this process's device."""
     return {
         "from_step": from_step,
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "host": socket.gethostname(),
-        "train": {"precision": fast.precision, "compile": fast.compile, "tf32": fast.tf32,
-                  "micro_batch_size": micro_batch_size, "grad_accum": grad_accum},
+        "train": {
+            "precision": fast.precision,
+            "compile": fast.compile,
+            "tf32": fast.tf32,
+            "micro_batch_size": micro_batch_size,
+            "grad_accum": grad_accum,
+        },
         **where(dist),
         "code": code_version(),
-        "data": {"dir": str(data_dir), "tokenizer": tokenizer,
-                 "train": {**train.identity(), "range": list(train_range)},
-                 "val": {**val.identity(), "range": list(val_range)}},
+        "data": {
+            "dir": str(data_dir),
+            "tokenizer": tokenizer,
+            "train": {**train.identity(), "range": list(train_range)},
+            "val": {**val.identity(), "range": list(val_range)},
+        },
     }
 
 
 def where(dist: Dist) -> dict:
     """The hardware and software a process computes on."""
-    return {"hardware": {"device": dist.device.type, "name": device_name(dist.device), "world_size": dist.world_size},
-            "software": {"torch": torch.__version__, "cuda": torch.version.cuda if dist.device.type == "cuda" else None,
-                         "python": platform.python_version(), "numpy": np.__version__}}
+    return {
+        "hardware": {"device": dist.device.type, "name": device_name(dist.device), "world_size": dist.world_size},
+        "software": {
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda if dist.device.type == "cuda" else None,
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+        },
+    }
 
 
 def evaluation_fingerprint(dist: Dist, test: TokenFile, precision: str) -> dict:
@@ -119,13 +152,18 @@ def check_resume(saved: list[dict], current: dict, source: Path) -> None:
     if not saved:
         return
     old, new = flatten(saved[-1]), flatten(current)
-    changed = [(k, old.get(k), new.get(k)) for k in sorted(old.keys() | new.keys())
-               if k.startswith(FIXED_ON_RESUME) and old.get(k) != new.get(k)]
+    changed = [
+        (k, old.get(k), new.get(k))
+        for k in sorted(old.keys() | new.keys())
+        if k.startswith(FIXED_ON_RESUME) and old.get(k) != new.get(k)
+    ]
     if changed:
         listed = "; ".join(f"{k}: checkpoint {shown(a)}, now {shown(b)}" for k, a, b in changed)
-        raise CheckpointError(f"{source} cannot be continued here, the run would compute something else from step "
-                              f"{current['from_step']:,}: {listed}; resume with the data, precision and device it "
-                              "was trained with, or start a new run")
+        raise CheckpointError(
+            f"{source} cannot be continued here, the run would compute something else from step "
+            f"{current['from_step']:,}: {listed}; resume with the data, precision and device it "
+            "was trained with, or start a new run"
+        )
 
 
 def shown(value) -> str:

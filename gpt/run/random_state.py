@@ -13,8 +13,10 @@ def rng_state() -> dict:
     np_state = np.random.get_state(legacy=False)
     return {
         "python": random.getstate(),
-        "numpy": {**np_state, "state": {"key": np_state["state"]["key"].tolist(),
-                                        "pos": int(np_state["state"]["pos"])}},
+        "numpy": {
+            **np_state,
+            "state": {"key": np_state["state"]["key"].tolist(), "pos": int(np_state["state"]["pos"])},
+        },
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }
@@ -24,8 +26,7 @@ def set_rng_state(state: dict) -> None:
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     np_state = dict(state["numpy"])
-    np_state["state"] = {"key": np.array(np_state["state"]["key"], dtype=np.uint32),
-                         "pos": np_state["state"]["pos"]}
+    np_state["state"] = {"key": np.array(np_state["state"]["key"], dtype=np.uint32), "pos": np_state["state"]["pos"]}
     np.random.set_state(np_state)
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():

@@ -32,24 +32,40 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from gpt.run.checkpoints import (CheckpointError, check_same_experiment, checkpoint_config, load_state, load_weights,
-                            read_info, save_checkpoint, tidy)
-from gpt.config import Config, dump_config, load_config
-from gpt.data.tokens import DataError, TokenRange, TrainBatches, check_vocabulary, open_split, resolve_data_dir, tokenizer_name
-from gpt.run.distributed import Dist, device_name, peak_memory_bytes, setup
 from gpt.common.errors import UserError, os_reason
+from gpt.config import Config, dump_config, load_config
+from gpt.data.tokens import (
+    DataError,
+    TokenRange,
+    TrainBatches,
+    check_vocabulary,
+    open_split,
+    resolve_data_dir,
+    tokenizer_name,
+)
+from gpt.evaluation.token_loss import evaluate_loss
+from gpt.model.gpt import GPT
+from gpt.model.loss import autocast_for
+from gpt.run.checkpoints import (
+    CheckpointError,
+    check_same_experiment,
+    checkpoint_config,
+    load_state,
+    load_weights,
+    read_info,
+    save_checkpoint,
+    tidy,
+)
+from gpt.run.directory import COMPLETED, DIVERGED, INTERRUPTED, RUNNING, RunDir
+from gpt.run.distributed import Dist, device_name, peak_memory_bytes, setup
 from gpt.run.fastpath import apply_tf32, resolve
 from gpt.run.fingerprint import check_resume, take
-from gpt.model.loss import autocast_for
-from gpt.training.metrics import Metrics
-from gpt.model.gpt import GPT
+from gpt.run.random_state import rng_state, set_rng_state
 from gpt.training.hooks import RunHooks
+from gpt.training.metrics import Metrics
 from gpt.training.monitors import Divergence, LossWindow, StopFlag, StopNow, Throughput
 from gpt.training.optimizer import make_optimizer, set_lr, step_unless_nonfinite
-from gpt.run.random_state import rng_state, set_rng_state
-from gpt.run.directory import COMPLETED, DIVERGED, INTERRUPTED, RUNNING, RunDir
 from gpt.training.schedule import lr_at, warmup_steps
-from gpt.evaluation.token_loss import evaluate_loss
 
 
 @dataclass
@@ -72,8 +88,13 @@ class Progress:
         return self.best_val if self.best_step is not None else None
 
 
-def train(cfg: Config, resume: str | None = None, overwrite: bool = False, dist: Dist | None = None,
-          hooks: list[RunHooks] = ()) -> dict:
+def train(
+    cfg: Config,
+    resume: str | None = None,
+    overwrite: bool = False,
+    dist: Dist | None = None,
+    hooks: list[RunHooks] = (),
+) -> dict:
     """Run (or continue) the training run ``cfg`` describes; returns its summary.
 
     ``resume``: ``auto`` or a run / checkpoint path (see ``RunDir.claim``); ``overwrite``
@@ -163,9 +184,11 @@ class Trainer:
         """Everything a user can get wrong, checked before any model is built."""
         cfg, dist, t = self.cfg, self.dist, self.cfg.train
         if t.global_batch_size % (t.micro_batch_size * dist.world_size):
-            raise UserError(f"train.global_batch_size {t.global_batch_size} is not a multiple of "
-                            f"train.micro_batch_size {t.micro_batch_size} x {dist.world_size} processes; "
-                            f"choose a global batch divisible by {t.micro_batch_size * dist.world_size}")
+            raise UserError(
+                f"train.global_batch_size {t.global_batch_size} is not a multiple of "
+                f"train.micro_batch_size {t.micro_batch_size} x {dist.world_size} processes; "
+                f"choose a global batch divisible by {t.micro_batch_size * dist.world_size}"
+            )
         self.resume_from, self.move_aside, self.continues = dist.on_main(lambda: self.claim(resume, overwrite))
         data_dir = dist.on_main(lambda: resolve_data_dir(cfg.data.path, cfg.data.hub_repo, cfg.data.hub_revision))
         self.open_data(data_dir)
@@ -190,36 +213,57 @@ class Trainer:
         """Rank 0: the segments of the run so far (the resumed checkpoint's) and this one's fingerprint,
         after refusing a resume that would compute something else than the checkpoint did."""
         saved = read_info(self.resume_from) if self.resume_from is not None else {}
-        current = take(self.fast, self.dist, data_dir=data_dir, tokenizer=tokenizer_name(data_dir),
-                       micro_batch_size=self.cfg.train.micro_batch_size, grad_accum=self.reader.accum,
-                       train=self.reader.tokens, train_range=self.reader.token_range(), val=self.val.tokens,
-                       val_range=(self.val.offset, self.val.offset + self.val.n_tokens),
-                       from_step=saved.get("step", 0))
+        current = take(
+            self.fast,
+            self.dist,
+            data_dir=data_dir,
+            tokenizer=tokenizer_name(data_dir),
+            micro_batch_size=self.cfg.train.micro_batch_size,
+            grad_accum=self.reader.accum,
+            train=self.reader.tokens,
+            train_range=self.reader.token_range(),
+            val=self.val.tokens,
+            val_range=(self.val.offset, self.val.offset + self.val.n_tokens),
+            from_step=saved.get("step", 0),
+        )
         check_resume(saved.get("segments", []), current, self.resume_from)
         return [*saved.get("segments", []), current]
 
     def open_data(self, data_dir: Path) -> None:
         """Open the validation range and the training reader; refuse ranges and token ids that do not fit."""
-        cfg, dist, t = self.cfg, self.dist, self.cfg.train
+        cfg = self.cfg
         check_vocabulary(data_dir, cfg.model.vocab_size)
         self.val = TokenRange(open_split(data_dir, cfg.data.val_split), cfg.data.val_offset, cfg.data.val_tokens)
         if self.val.offset + self.val.n_tokens > len(self.val.tokens):
-            raise DataError(f"{self.val.tokens.path}: validation range [{self.val.offset:,}, "
-                            f"{self.val.offset + self.val.n_tokens:,}) is past its {len(self.val.tokens):,} tokens; "
-                            "lower data.val_tokens or data.val_offset")
+            raise DataError(
+                f"{self.val.tokens.path}: validation range [{self.val.offset:,}, "
+                f"{self.val.offset + self.val.n_tokens:,}) is past its {len(self.val.tokens):,} tokens; "
+                "lower data.val_tokens or data.val_offset"
+            )
         if self.val.n_sequences(cfg.model.context_length) == 0:
-            raise DataError(f"data.val_tokens {cfg.data.val_tokens} holds no sequence of "
-                            f"model.context_length + 1 = {cfg.model.context_length + 1} tokens")
+            raise DataError(
+                f"data.val_tokens {cfg.data.val_tokens} holds no sequence of "
+                f"model.context_length + 1 = {cfg.model.context_length + 1} tokens"
+            )
         self.val.check_ids(cfg.model.vocab_size)  # the whole range, now, rather than at the first validation
         self.open_reader(data_dir)
 
     def open_reader(self, data_dir: Path) -> None:
         """The training reader of this rank, reading ahead where the fast path says so."""
         cfg, dist, t = self.cfg, self.dist, self.cfg.train
-        self.reader = TrainBatches(open_split(data_dir, cfg.data.train_split), cfg.model.context_length,
-                                   t.micro_batch_size, t.global_batch_size, rank=dist.rank, world_size=dist.world_size,
-                                   seed=t.seed, shuffle=cfg.data.shuffle, vocab_size=cfg.model.vocab_size,
-                                   prefetch=self.fast.prefetch, pin_memory=self.fast.pin_memory)
+        self.reader = TrainBatches(
+            open_split(data_dir, cfg.data.train_split),
+            cfg.model.context_length,
+            t.micro_batch_size,
+            t.global_batch_size,
+            rank=dist.rank,
+            world_size=dist.world_size,
+            seed=t.seed,
+            shuffle=cfg.data.shuffle,
+            vocab_size=cfg.model.vocab_size,
+            prefetch=self.fast.prefetch,
+            pin_memory=self.fast.pin_memory,
+        )
 
     def build(self) -> None:
         """Seed, build the model, optimizer, grad scaler; load the checkpoint resumed from."""
@@ -233,9 +277,11 @@ class Trainer:
         self.progress.total_steps = self.total_steps
         self.warmup = warmup_steps(self.total_steps, cfg.optim.warmup_frac)
         if self.warmup >= self.total_steps > 1:
-            raise UserError(f"optim.warmup_frac {cfg.optim.warmup_frac:g} of {self.total_steps:,} steps is "
-                            f"{self.warmup:,} warmup steps, the whole run: the learning rate would never decay; "
-                            "lower optim.warmup_frac or train for more steps")
+            raise UserError(
+                f"optim.warmup_frac {cfg.optim.warmup_frac:g} of {self.total_steps:,} steps is "
+                f"{self.warmup:,} warmup steps, the whole run: the learning rate would never decay; "
+                "lower optim.warmup_frac or train for more steps"
+            )
         self.reader.check_capacity(self.total_steps)
         if dist.device.type == "cuda":
             apply_tf32(self.fast.tf32)
@@ -252,20 +298,30 @@ class Trainer:
         """Refuse to continue a checkpoint under another plan than the one it was trained for."""
         planned, p = self.progress.total_steps, self.progress
         if planned is not None and planned != self.total_steps:
-            raise CheckpointError(f"{self.resume_from} belongs to a run of {planned:,} steps, but this config now "
-                                  f"gives {self.total_steps:,}; the schedule would change mid-run: start a new run")
+            raise CheckpointError(
+                f"{self.resume_from} belongs to a run of {planned:,} steps, but this config now "
+                f"gives {self.total_steps:,}; the schedule would change mid-run: start a new run"
+            )
         if p.step > self.total_steps:
-            raise CheckpointError(f"{self.resume_from} is at step {p.step:,}, past this config's "
-                                  f"{self.total_steps:,} steps: start a new run")
+            raise CheckpointError(
+                f"{self.resume_from} is at step {p.step:,}, past this config's "
+                f"{self.total_steps:,} steps: start a new run"
+            )
 
     def state_dict(self) -> dict:
         """Everything besides the weights that continuing exactly needs. Every rank calls it:
         it gathers every rank's RNG states."""
-        return {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict(),
-                "data": self.reader.state_dict(),
-                "progress": {**vars(self.progress), "elapsed": self.progress.elapsed + self.throughput.seconds(),
-                             "window": self.window.totals(self.dist.all_sum)},
-                "rng": self.dist.gather_objects(rng_state())}
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "data": self.reader.state_dict(),
+            "progress": {
+                **vars(self.progress),
+                "elapsed": self.progress.elapsed + self.throughput.seconds(),
+                "window": self.window.totals(self.dist.all_sum),
+            },
+            "rng": self.dist.gather_objects(rng_state()),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
@@ -275,8 +331,13 @@ class Trainer:
         rngs = state["rng"]  # a run resumed on more ranks than it had: the new ones take rank 0's
         set_rng_state(rngs[self.dist.rank] if self.dist.rank < len(rngs) else rngs[0])
 
-    def ready_to_step(self, data_dir: Path | None = None, *, repeat: bool = False,
-                      batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
+    def ready_to_step(
+        self,
+        data_dir: Path | None = None,
+        *,
+        repeat: bool = False,
+        batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    ) -> None:
         """Make ``train_step`` callable outside a run (no run folder, no checkpoint, no logging): what the
         benchmark times and the memory probe tries. The steps read the training split of ``data_dir``; with
         ``repeat``, its first step's micro-batches again and again (no reading in the steps); or ``batches``,
@@ -309,11 +370,23 @@ class Trainer:
         self.prepare_step()
         self.metrics = Metrics(self.run, cfg) if dist.is_main else None
         self.window = LossWindow(dist.device, p.window if dist.is_main else None)  # all of a resumed window: rank 0
-        self.divergence = Divergence(dist.device, step=p.step, total=p.nonfinite_total, consecutive=p.nonfinite_run,
-                                     max_nonfinite=cfg.train.max_nonfinite_steps,
-                                     loss_ceiling=cfg.train.loss_ceiling, warmup=self.warmup)
-        self.bar = tqdm(total=self.total_steps, initial=p.step, unit="step", file=sys.stderr, dynamic_ncols=True,
-                        disable=not (dist.is_main and cfg.log.progress))
+        self.divergence = Divergence(
+            dist.device,
+            step=p.step,
+            total=p.nonfinite_total,
+            consecutive=p.nonfinite_run,
+            max_nonfinite=cfg.train.max_nonfinite_steps,
+            loss_ceiling=cfg.train.loss_ceiling,
+            warmup=self.warmup,
+        )
+        self.bar = tqdm(
+            total=self.total_steps,
+            initial=p.step,
+            unit="step",
+            file=sys.stderr,
+            dynamic_ncols=True,
+            disable=not (dist.is_main and cfg.log.progress),
+        )
         self.throughput = Throughput(p.step, self.total_steps, cfg.tokens_per_step)
 
     def start_run_dir(self) -> list[str]:
@@ -327,13 +400,23 @@ class Trainer:
         notes += self.run.start(self.config_yaml, self.progress.step, keep_config=self.continues)
         cfg = self.cfg
         try:
-            self.run.write_summary({
-                "status": RUNNING, "pid": os.getpid(), "steps": self.progress.step, "total_steps": self.total_steps,
-                "norm_type": cfg.model.norm_type, "seed": cfg.train.seed, **self.token_ranges(),
-                "segments": self.segments})
+            self.run.write_summary(
+                {
+                    "status": RUNNING,
+                    "pid": os.getpid(),
+                    "steps": self.progress.step,
+                    "total_steps": self.total_steps,
+                    "norm_type": cfg.model.norm_type,
+                    "seed": cfg.train.seed,
+                    **self.token_ranges(),
+                    "segments": self.segments,
+                }
+            )
         except OSError as e:
-            raise UserError(f"cannot write {self.run.summary_file}: {os_reason(e)}; free space or make the run "
-                            "directory writable, then rerun") from None
+            raise UserError(
+                f"cannot write {self.run.summary_file}: {os_reason(e)}; free space or make the run "
+                "directory writable, then rerun"
+            ) from None
         for hook in self.hooks:
             hook.started(self.run.path)
         return notes
@@ -375,8 +458,7 @@ class Trainer:
         while p.step < self.total_steps:
             lr = self.lr_at(p.step)
             set_lr(self.optimizer, lr)
-            loss_sum, grad_norm, skipped = self.first_step() if self.first_step_seconds is None\
-                else self.train_step()
+            loss_sum, grad_norm, skipped = self.first_step() if self.first_step_seconds is None else self.train_step()
             self.divergence.record(skipped)
             self.window.add(loss_sum, self.reader.accum)
             p.step += 1
@@ -410,8 +492,15 @@ class Trainer:
 
     def lr_at(self, step: int) -> float:
         o = self.cfg.optim
-        return lr_at(step, self.total_steps, lr=o.lr, min_lr=o.min_lr, warmup_frac=o.warmup_frac,
-                     schedule=o.schedule, decay_frac=o.decay_frac)
+        return lr_at(
+            step,
+            self.total_steps,
+            lr=o.lr,
+            min_lr=o.min_lr,
+            warmup_frac=o.warmup_frac,
+            schedule=o.schedule,
+            decay_frac=o.decay_frac,
+        )
 
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One optimizer step on this rank's micro-batches of the next global step.
@@ -447,8 +536,11 @@ class Trainer:
         self.first_step_seconds = time.perf_counter() - began
         self.throughput.restart(self.progress.step + 1)
         if self.fast.compile and self.dist.is_main:
-            self.bar.write(f"torch.compile: the first step took {self.first_step_seconds:.1f} s (compiling); "
-                           "tokens/s leaves it out", file=sys.stderr)
+            self.bar.write(
+                f"torch.compile: the first step took {self.first_step_seconds:.1f} s (compiling); "
+                "tokens/s leaves it out",
+                file=sys.stderr,
+            )
         return out
 
     def should_log(self, step: int) -> bool:
@@ -471,8 +563,16 @@ class Trainer:
         rate = self.throughput.since_last_log(p.step)
         self.last_train_loss = mean_loss
         self.bar.set_postfix(loss=f"{mean_loss:.4f}", tok_s="-" if rate is None else f"{rate:,.0f}", refresh=False)
-        return {"step": p.step, "tokens": p.tokens, "train_loss": mean_loss, "train_loss_last": last, "lr": lr,
-                "grad_norm": float(grad_norm), "tokens_per_s": rate, "elapsed_s": p.elapsed + self.throughput.seconds()}
+        return {
+            "step": p.step,
+            "tokens": p.tokens,
+            "train_loss": mean_loss,
+            "train_loss_last": last,
+            "lr": lr,
+            "grad_norm": float(grad_norm),
+            "tokens_per_s": rate,
+            "elapsed_s": p.elapsed + self.throughput.seconds(),
+        }
 
     def check_divergence(self, record: dict | None) -> str | None:
         """Read the divergence counters into the progress (and ``record``); why the run diverged, or None."""
@@ -490,8 +590,14 @@ class Trainer:
         """Measure the validation loss into ``record``; True if it is the best so far."""
         p = self.progress
         # the unwrapped model: ranks may score different numbers of batches, DDP must not see it
-        p.last_val = evaluate_loss(self.model, self.val, self.dist, seq_len=self.cfg.model.context_length,
-                                   batch_size=self.cfg.train.micro_batch_size, autocast=self.autocast)[0]
+        p.last_val = evaluate_loss(
+            self.model,
+            self.val,
+            self.dist,
+            seq_len=self.cfg.model.context_length,
+            batch_size=self.cfg.train.micro_batch_size,
+            autocast=self.autocast,
+        )[0]
         record["val_loss"] = p.last_val
         if p.last_val < p.best_val:
             p.best_val, p.best_step = p.last_val, p.step
@@ -510,11 +616,24 @@ class Trainer:
         state, p = self.state_dict(), self.progress
 
         def save() -> Path:
-            info = {"step": p.step, "tokens": p.tokens, "val_loss": p.last_val, "best_val_loss": p.best_val_loss,
-                    "elapsed_seconds": state["progress"]["elapsed"], "segments": self.segments}
-            path = save_checkpoint(self.run.checkpoints, p.step, self.model, state=state,
-                                   config_yaml=self.config_yaml, info=info, keep_last=self.cfg.train.keep_last,
-                                   is_best=is_best)
+            info = {
+                "step": p.step,
+                "tokens": p.tokens,
+                "val_loss": p.last_val,
+                "best_val_loss": p.best_val_loss,
+                "elapsed_seconds": state["progress"]["elapsed"],
+                "segments": self.segments,
+            }
+            path = save_checkpoint(
+                self.run.checkpoints,
+                p.step,
+                self.model,
+                state=state,
+                config_yaml=self.config_yaml,
+                info=info,
+                keep_last=self.cfg.train.keep_last,
+                is_best=is_best,
+            )
             self.last_checkpoint = path
             for hook in self.hooks:
                 hook.checkpoint_saved(path)  # a problem of a hook's own is not the run's: training goes on
@@ -525,24 +644,36 @@ class Trainer:
     def token_ranges(self) -> dict:
         """The tokens the run reads for training and validation, as the evaluator checks them."""
         data = self.cfg.data
-        return {"train_token_range": [data.train_split, *self.reader.token_range()],
-                "val_token_range": [data.val_split, self.val.offset, self.val.offset + self.val.n_tokens]}
+        return {
+            "train_token_range": [data.train_split, *self.reader.token_range()],
+            "val_token_range": [data.val_split, self.val.offset, self.val.offset + self.val.n_tokens],
+        }
 
     def summary(self, status: str, reason: str | None) -> dict:
         """What summary.json says of the run (see the README for every field)."""
         cfg, dist, p = self.cfg, self.dist, self.progress
         return {
-            "status": status, "stop_reason": reason, "steps": p.step, "total_steps": self.total_steps,
-            "tokens": p.tokens, "wall_seconds": p.elapsed + self.throughput.seconds(),
-            "tokens_per_s": self.throughput.steady(p.step), "final_train_loss": self.last_train_loss,
-            "best_val_loss": p.best_val_loss, "best_val_step": p.best_step,
+            "status": status,
+            "stop_reason": reason,
+            "steps": p.step,
+            "total_steps": self.total_steps,
+            "tokens": p.tokens,
+            "wall_seconds": p.elapsed + self.throughput.seconds(),
+            "tokens_per_s": self.throughput.steady(p.step),
+            "final_train_loss": self.last_train_loss,
+            "best_val_loss": p.best_val_loss,
+            "best_val_step": p.best_step,
             "nonfinite_steps": self.divergence.counts()[0],
             "diverged_at_step": self.diverged_at if status == DIVERGED else None,
-            "n_params": self.n_params, "n_params_outside_norms": self.model.num_params(norms=False),
-            "norm_type": cfg.model.norm_type, "seed": cfg.train.seed,
-            "precision": self.fast.precision, "compile": self.fast.compile,
+            "n_params": self.n_params,
+            "n_params_outside_norms": self.model.num_params(norms=False),
+            "norm_type": cfg.model.norm_type,
+            "seed": cfg.train.seed,
+            "precision": self.fast.precision,
+            "compile": self.fast.compile,
             "first_step_seconds": self.first_step_seconds,
-            "world_size": dist.world_size, "device": device_name(dist.device),
+            "world_size": dist.world_size,
+            "device": device_name(dist.device),
             "peak_memory_bytes": peak_memory_bytes(dist.device),
             **self.token_ranges(),
             "segments": self.segments,  # every process's fingerprint: versions, hardware, data, code
@@ -565,8 +696,10 @@ class Trainer:
             self.metrics.close(summary)
             problems = "; ".join(x for x in problems if x)
             if status != COMPLETED:
-                print(f"{status} at step {self.progress.step}: {reason}" + (f" ({problems})" if problems else ""),
-                      file=sys.stderr)
+                print(
+                    f"{status} at step {self.progress.step}: {reason}" + (f" ({problems})" if problems else ""),
+                    file=sys.stderr,
+                )
             elif problems:
                 print(f"warning: {problems}", file=sys.stderr)
         return summary

@@ -7,6 +7,7 @@ with a one-line notice, and any wandb error disables wandb for the rest of the r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -15,10 +16,9 @@ import uuid
 from pathlib import Path
 
 from gpt.common.bounded import within
-from gpt.config import Config, config_to_dict
 from gpt.common.errors import first_line, os_reason
+from gpt.config import Config, config_to_dict
 from gpt.run.directory import RunDir
-
 
 WANDB_INIT_TIMEOUT = 30.0  # seconds wandb may hold training's start to reach its server (its own default: 90)
 
@@ -47,7 +47,7 @@ class Metrics:
     """Rank 0's sink for metric records: appended to the run's metrics.jsonl, and sent to wandb."""
 
     def __init__(self, run: RunDir, cfg: Config):
-        self.file = open(run.metrics_file, "a")
+        self.file = open(run.metrics_file, "a")  # noqa: SIM115  the sink stays open for the whole run
         self.write_failed = False  # warned once about a failing metrics.jsonl
         self.wandb = self._start_wandb(run, cfg) if cfg.log.wandb else None
 
@@ -60,21 +60,38 @@ class Metrics:
             mode = os.environ.get("WANDB_MODE") or None
             if mode is None and not _has_wandb_credentials():
                 mode = "offline"
-                print("wandb: no credentials (WANDB_API_KEY or `wandb login`); logging offline "
-                      f"under {os.environ.get('WANDB_DIR', run.path)}; `wandb sync` uploads it later", file=sys.stderr)
+                print(
+                    "wandb: no credentials (WANDB_API_KEY or `wandb login`); logging offline "
+                    f"under {os.environ.get('WANDB_DIR', run.path)}; `wandb sync` uploads it later",
+                    file=sys.stderr,
+                )
             id_file = run.wandb_id_file  # a resumed run continues the same wandb run
             run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
             id_file.write_text(run_id + "\n")
             tags = [cfg.model.norm_type, f"seed-{cfg.train.seed}", *cfg.log.tags]
             bounds = {k: timeout for k in ("init_timeout", "finish_timeout") if k in _settings_fields(wandb)}
-            return within(timeout, lambda: wandb.init(
-                project=cfg.log.wandb_project, entity=cfg.log.wandb_entity, name=cfg.run.name, id=run_id,
-                resume="allow", tags=tags, config=config_to_dict(cfg), mode=mode,
-                dir=os.environ.get("WANDB_DIR", str(run.path)), settings=wandb.Settings(**bounds)), "wandb start")
+            return within(
+                timeout,
+                lambda: wandb.init(
+                    project=cfg.log.wandb_project,
+                    entity=cfg.log.wandb_entity,
+                    name=cfg.run.name,
+                    id=run_id,
+                    resume="allow",
+                    tags=tags,
+                    config=config_to_dict(cfg),
+                    mode=mode,
+                    dir=os.environ.get("WANDB_DIR", str(run.path)),
+                    settings=wandb.Settings(**bounds),
+                ),
+                "wandb start",
+            )
         except Exception as e:  # never let logging stop training
-            print(f"wandb: disabled, training goes on without it ({type(e).__name__}: {first_line(e)}; it waits "
-                  f"{timeout:g} s at most for the server (WANDB_INIT_TIMEOUT); WANDB_MODE=offline logs without one)",
-                  file=sys.stderr)
+            print(
+                f"wandb: disabled, training goes on without it ({type(e).__name__}: {first_line(e)}; it waits "
+                f"{timeout:g} s at most for the server (WANDB_INIT_TIMEOUT); WANDB_MODE=offline logs without one)",
+                file=sys.stderr,
+            )
             return None
 
     def log(self, record: dict) -> None:
@@ -83,22 +100,22 @@ class Metrics:
             self.file.flush()
         except OSError as e:  # a full disk: training goes on; the next checkpoint says whether it can
             if not self.write_failed:
-                print(f"warning: cannot write {self.file.name}: {os_reason(e)}; metrics from step {record['step']} "
-                      "on are missing until it can", file=sys.stderr)
+                print(
+                    f"warning: cannot write {self.file.name}: {os_reason(e)}; metrics from step {record['step']} "
+                    "on are missing until it can",
+                    file=sys.stderr,
+                )
             self.write_failed = True
         if self.wandb is not None:
             try:
-                self.wandb.log({k: v for k, v in record.items() if k != "step" and v is not None},
-                               step=record["step"])
+                self.wandb.log({k: v for k, v in record.items() if k != "step" and v is not None}, step=record["step"])
             except Exception as e:
                 print(f"wandb: disabled after an error ({type(e).__name__}: {e})", file=sys.stderr)
                 self.wandb = None
 
     def close(self, summary: dict | None = None) -> None:
-        try:
+        with contextlib.suppress(OSError):  # its last buffered line hit the same full disk; already warned
             self.file.close()
-        except OSError:  # its last buffered line hit the same full disk; already warned
-            pass
         if self.wandb is not None:
             run, timeout = self.wandb, float(os.environ.get("WANDB_INIT_TIMEOUT", WANDB_INIT_TIMEOUT))
 
@@ -110,6 +127,9 @@ class Metrics:
             try:
                 within(timeout, finish, "wandb finish")
             except Exception as e:
-                print(f"wandb: could not finish the run ({type(e).__name__}: {first_line(e)}); `wandb sync` "
-                      "uploads what was logged", file=sys.stderr)
+                print(
+                    f"wandb: could not finish the run ({type(e).__name__}: {first_line(e)}); `wandb sync` "
+                    "uploads what was logged",
+                    file=sys.stderr,
+                )
             self.wandb = None

@@ -28,7 +28,6 @@ def free_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-
 def largest_fitting(fits, limit: int) -> int:
     """The largest m in 1..limit for which ``fits(m)``, fits being monotone (0: not even 1 fits).
     Doubles from 1 until a size fails, then bisects: about 2 log2(limit) probes."""
@@ -75,16 +74,20 @@ def micro_batch_plan(cfg: Config, largest: int, world_sizes=(1, 2, 4, 8)) -> lis
             continue
         m = max((m for m in range(1, min(largest, g // w) + 1) if (g // w) % m == 0), default=0)
         if m:
-            lines.append(f"  {w} GPU{'s' if w > 1 else ''}: train.micro_batch_size {m}, accumulation "
-                         f"{g // (w * m)} (global batch {g} = {w} x {m} x {g // (w * m)})")
+            lines.append(
+                f"  {w} GPU{'s' if w > 1 else ''}: train.micro_batch_size {m}, accumulation "
+                f"{g // (w * m)} (global batch {g} = {w} x {m} x {g // (w * m)})"
+            )
     return lines
 
 
 def find_micro_batch(cfg: Config, dist: Dist) -> str:
     """The largest micro-batch of ``cfg`` that fits in this GPU's memory, with the plan it implies."""
     if dist.device.type != "cuda":
-        raise UserError("--find-micro-batch measures GPU memory, and no CUDA GPU is visible here; run it on "
-                        "the kind of machine you will train on")
+        raise UserError(
+            "--find-micro-batch measures GPU memory, and no CUDA GPU is visible here; run it on "
+            "the kind of machine you will train on"
+        )
     limit = cfg.train.global_batch_size
 
     def probe(m: int) -> bool:  # each probe said as it ends: a search stopped part-way still tells something
@@ -94,11 +97,15 @@ def find_micro_batch(cfg: Config, dist: Dist) -> str:
 
     largest = largest_fitting(probe, limit)
     if largest == 0:
-        raise UserError(f"not even a micro-batch of 1 x {cfg.model.context_length} tokens fits on "
-                        f"{device_name(dist.device)}; use a smaller model or context")
+        raise UserError(
+            f"not even a micro-batch of 1 x {cfg.model.context_length} tokens fits on "
+            f"{device_name(dist.device)}; use a smaller model or context"
+        )
     total = torch.cuda.get_device_properties(dist.device).total_memory
-    head = (f"largest micro-batch that fits on {device_name(dist.device)} ({total / 2**30:.0f} GiB), eager, "
-            f"{resolve(cfg.train, dist.device).precision}, beside DDP's gradient buckets: {largest} sequences of "
-            f"{cfg.model.context_length} tokens" + (" (the search stops at train.global_batch_size)"
-                                                    if largest == limit else ""))
+    head = (
+        f"largest micro-batch that fits on {device_name(dist.device)} ({total / 2**30:.0f} GiB), eager, "
+        f"{resolve(cfg.train, dist.device).precision}, beside DDP's gradient buckets: {largest} sequences of "
+        f"{cfg.model.context_length} tokens"
+        + (" (the search stops at train.global_batch_size)" if largest == limit else "")
+    )
     return "\n".join([head, f"with train.global_batch_size {limit}:", *micro_batch_plan(cfg, largest)])

@@ -96,8 +96,17 @@ class Divergence:
     and says, whenever the loop reads the counters (log steps, checkpoints), whether the run has
     diverged, also when the streak that crossed the threshold ended between two reads."""
 
-    def __init__(self, device: torch.device, *, step: int, total: int, consecutive: int, max_nonfinite: int,
-                 loss_ceiling: float | None, warmup: int):
+    def __init__(
+        self,
+        device: torch.device,
+        *,
+        step: int,
+        total: int,
+        consecutive: int,
+        max_nonfinite: int,
+        loss_ceiling: float | None,
+        warmup: int,
+    ):
         self.step = torch.tensor(step, device=device)  # steps done, counted on the device
         self.total = torch.tensor(total, device=device)  # skipped steps in the whole run
         self.consecutive = torch.tensor(consecutive, device=device)  # skipped steps in a row, up to now
@@ -121,8 +130,12 @@ class Divergence:
         checked against the ceiling after warmup."""
         if crossed_at is not None:
             return f"{self.max_nonfinite} consecutive steps with a non-finite loss or gradient", crossed_at
-        if (train_loss is not None and self.loss_ceiling is not None and step > self.warmup
-                and not train_loss <= self.loss_ceiling):
+        if (
+            train_loss is not None
+            and self.loss_ceiling is not None
+            and step > self.warmup
+            and not train_loss <= self.loss_ceiling
+        ):
             return f"train loss {train_loss:.4g} above train.loss_ceiling {self.loss_ceiling:g}", step
         return None
 

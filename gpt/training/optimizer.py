@@ -18,8 +18,10 @@ def decay_groups(model: torch.nn.Module, weight_decay: float, decay_norms_and_bi
     params = list(model.parameters())
     if decay_norms_and_biases:
         return [{"params": params, "weight_decay": weight_decay}]
-    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
 
 
 def make_optimizer(model: torch.nn.Module, o: OptimConfig) -> torch.optim.AdamW:
@@ -33,8 +35,9 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def step_unless_nonfinite(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                          grad_norm: torch.Tensor) -> torch.Tensor:
+def step_unless_nonfinite(
+    optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, grad_norm: torch.Tensor
+) -> torch.Tensor:
     """Apply the update unless ``grad_norm`` is not finite; return that verdict as a device bool.
 
     Nothing here waits for the device. With fp16 the GradScaler skips on its own

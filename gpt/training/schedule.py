@@ -58,8 +58,16 @@ def warmup_steps(total_steps: int, warmup_frac: float) -> int:
     return round(warmup_frac * total_steps)
 
 
-def lr_at(step: int, total_steps: int, *, lr: float, min_lr: float, warmup_frac: float,
-          schedule: str = "cosine", decay_frac: float = 0.2) -> float:
+def lr_at(
+    step: int,
+    total_steps: int,
+    *,
+    lr: float,
+    min_lr: float,
+    warmup_frac: float,
+    schedule: str = "cosine",
+    decay_frac: float = 0.2,
+) -> float:
     """Learning rate of optimizer step ``step`` (0-based) of ``total_steps``."""
     if schedule not in SHAPES:
         raise ValueError(f"unknown schedule {schedule!r}; valid: {', '.join(SCHEDULES)}")

@@ -11,13 +11,30 @@ class GPTNormConfig(PretrainedConfig):
     """GPT-2-style decoder whose only varying part is its norm layer (``norm_type``)."""
 
     model_type = "gpt_norm"
-    attribute_map = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head",
-                     "max_position_embeddings": "n_positions"}
+    attribute_map = {
+        "hidden_size": "n_embd",
+        "num_hidden_layers": "n_layer",
+        "num_attention_heads": "n_head",
+        "max_position_embeddings": "n_positions",
+    }
 
-    def __init__(self, vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12,
-                 norm_type="handrolled_layernorm", norm_eps=1e-5, dyt_alpha_init=0.5, qkv_bias=False,
-                 tie_word_embeddings=False, initializer_range=0.02, bos_token_id=50256, eos_token_id=50256,
-                 **kwargs):
+    def __init__(
+        self,
+        vocab_size=50257,
+        n_positions=1024,
+        n_embd=768,
+        n_layer=12,
+        n_head=12,
+        norm_type="handrolled_layernorm",
+        norm_eps=1e-5,
+        dyt_alpha_init=0.5,
+        qkv_bias=False,
+        tie_word_embeddings=False,
+        initializer_range=0.02,
+        bos_token_id=50256,
+        eos_token_id=50256,
+        **kwargs,
+    ):
         self.vocab_size = vocab_size
         self.n_positions = n_positions
         self.n_embd = n_embd
@@ -29,5 +46,6 @@ class GPTNormConfig(PretrainedConfig):
         self.qkv_bias = qkv_bias
         self.initializer_range = initializer_range
         kwargs.setdefault("use_cache", False)  # no KV cache: each generated token re-reads the whole context
-        super().__init__(bos_token_id=bos_token_id, eos_token_id=eos_token_id,
-                         tie_word_embeddings=tie_word_embeddings, **kwargs)
+        super().__init__(
+            bos_token_id=bos_token_id, eos_token_id=eos_token_id, tie_word_embeddings=tie_word_embeddings, **kwargs
+        )

@@ -21,10 +21,20 @@ from .gpt import GPT
 def harness_model_config(config: GPTNormConfig) -> SimpleNamespace:
     """The fields ``GPT`` reads, from transformers' names (a published model has no vocabulary padding)."""
     return SimpleNamespace(
-        vocab_size=config.vocab_size, padded_vocab_size=config.vocab_size, context_length=config.n_positions,
-        d_model=config.n_embd, n_layers=config.n_layer, n_heads=config.n_head, dropout=0.0,
-        qkv_bias=config.qkv_bias, tie_weights=config.tie_word_embeddings, init="gpt2",
-        norm_type=config.norm_type, norm_eps=config.norm_eps, dyt_alpha_init=config.dyt_alpha_init)
+        vocab_size=config.vocab_size,
+        padded_vocab_size=config.vocab_size,
+        context_length=config.n_positions,
+        d_model=config.n_embd,
+        n_layers=config.n_layer,
+        n_heads=config.n_head,
+        dropout=0.0,
+        qkv_bias=config.qkv_bias,
+        tie_weights=config.tie_word_embeddings,
+        init="gpt2",
+        norm_type=config.norm_type,
+        norm_eps=config.norm_eps,
+        dyt_alpha_init=config.dyt_alpha_init,
+    )
 
 
 class GPTNormForCausalLM(PreTrainedModel, GenerationMixin):
@@ -70,4 +80,4 @@ class GPTNormForCausalLM(PreTrainedModel, GenerationMixin):
 
     def prepare_inputs_for_generation(self, input_ids, **kwargs):
         # without a cache every step reads the whole sequence, cropped to the context
-        return {"input_ids": input_ids[:, -self.config.n_positions:]}
+        return {"input_ids": input_ids[:, -self.config.n_positions :]}

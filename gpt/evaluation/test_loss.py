@@ -97,20 +97,21 @@ def held_out_range(cfg: Config, override: RangeOverride) -> tuple[HeldOutRange, 
     return HeldOutRange(str(data_dir), split, offset, n, tokenizer_name(data_dir)), TokenRange(tokens, offset, n)
 
 
-def check_disjoint(run: RunDir, rng: HeldOutRange) -> None:
+def check_disjoint(run: RunDir, held_out: HeldOutRange) -> None:
     """Refuse a test range that overlaps a token range the run trained or validated on."""
     summary = run.summary() or {}
     for what in ("train_token_range", "val_token_range"):
         split, start, end = summary.get(what) or (None, 0, 0)
-        if split == rng.split and start < rng.offset + rng.n_tokens and rng.offset < end:
+        if split == held_out.split and start < held_out.offset + held_out.n_tokens and held_out.offset < end:
             raise UserError(
-                f"test range {rng.split} [{rng.offset:,}, {rng.offset + rng.n_tokens:,}) overlaps the "
+                f"test range {held_out.split} [{held_out.offset:,}, {held_out.offset + held_out.n_tokens:,}) "
+                "overlaps the "
                 f"tokens {run.path.name} read for {what.split('_')[0]}: {split} [{start:,}, {end:,}); "
                 f"choose another --split or --offset"
             )
 
 
-def evaluate_model(model: GPT, rng: HeldOutRange, tokens: TokenRange, options: EvalOptions, dist: Dist) -> dict:
+def evaluate_model(model: GPT, held_out: HeldOutRange, tokens: TokenRange, options: EvalOptions, dist: Dist) -> dict:
     """Test loss of ``model`` on ``tokens`` (``options.batch_size`` set), as the JSON record evaluate.py writes."""
     seq_len, batch_size = model.cfg.context_length, options.batch_size
     start = time.perf_counter()
@@ -137,8 +138,8 @@ def evaluate_model(model: GPT, rng: HeldOutRange, tokens: TokenRange, options: E
         "loss": loss,
         "perplexity": math.exp(loss) if loss < 700 else math.inf,
         "tokens": scored,
-        **asdict(rng),
-        "range": [rng.offset, rng.offset + rng.n_tokens],
+        **asdict(held_out),
+        "range": [held_out.offset, held_out.offset + held_out.n_tokens],
         "precision": options.precision,
         "batch_size": batch_size,
         "world_size": dist.world_size,
@@ -156,12 +157,12 @@ def evaluate_checkpoint(
 ) -> dict:
     """Held-out loss of one checkpoint; with ``write``, recorded beside it (``gpt.run.directory.write_eval_result``)."""
     cfg = checkpoint_config(ckpt)
-    rng, tokens = held_out_range(cfg, override)
-    check_disjoint(RunDir.of_checkpoint(ckpt), rng)
+    held_out, tokens = held_out_range(cfg, override)
+    check_disjoint(RunDir.of_checkpoint(ckpt), held_out)
     model = GPT(cfg.model)
     load_weights(model, ckpt)
     options = dataclasses.replace(options, batch_size=options.batch_size or cfg.train.micro_batch_size)
-    result = evaluate_model(model, rng, tokens, options, dist)
+    result = evaluate_model(model, held_out, tokens, options, dist)
     result = {
         "run": cfg.run.name,
         "norm_type": cfg.model.norm_type,
@@ -193,8 +194,9 @@ def evaluate_hf(
     except Exception as e:  # offline without a cached copy, unknown name: the library's first line
         raise UserError(f"--hf {name}: cannot load: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     cfg = config_from_dict({"run": {"name": "hf"}, "train": {"steps": 1}, "model": vars(model.cfg)})
-    rng, tokens = held_out_range(cfg, override)
-    result = evaluate_model(model, rng, tokens, dataclasses.replace(options, batch_size=options.batch_size or 8), dist)
+    held_out, tokens = held_out_range(cfg, override)
+    options = dataclasses.replace(options, batch_size=options.batch_size or 8)
+    result = evaluate_model(model, held_out, tokens, options, dist)
     return {
         "run": f"hf:{name}",
         "norm_type": cfg.model.norm_type,

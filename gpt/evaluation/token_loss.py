@@ -24,7 +24,7 @@ from gpt.run.distributed import Dist
 @torch.no_grad()
 def evaluate_loss(
     model: torch.nn.Module,
-    rng: TokenRange,
+    span: TokenRange,
     dist: Dist,
     *,
     seq_len: int,
@@ -32,20 +32,20 @@ def evaluate_loss(
     autocast=contextlib.nullcontext,
     progress: Callable[[int], object] | None = None,
 ) -> tuple[float, int]:
-    """(mean loss, tokens scored) of ``model`` on ``rng``; ``progress(n)`` is told of each n tokens scored.
+    """(mean loss, tokens scored) of ``model`` on ``span``; ``progress(n)`` is told of each n tokens scored.
 
     Pass the unwrapped model: ranks may score different numbers of batches, which DDP
     must not see.
     """
-    n_seq = rng.n_sequences(seq_len)
+    n_seq = span.n_sequences(seq_len)
     n_batches = math.ceil(n_seq / batch_size)
     sums = torch.zeros(n_batches, dtype=torch.float64, device=dist.device)
     was_training = model.training
     model.eval()
     for b in range(dist.rank, n_batches, dist.world_size):
         ids = range(b * batch_size, min((b + 1) * batch_size, n_seq))
-        batch = rng.read(ids, seq_len)  # (b, T + 1)
-        check_ids(batch, getattr(getattr(model, "cfg", None), "vocab_size", None), f"{rng.tokens.path}, batch {b}")
+        batch = span.read(ids, seq_len)  # (b, T + 1)
+        check_ids(batch, getattr(getattr(model, "cfg", None), "vocab_size", None), f"{span.tokens.path}, batch {b}")
         batch = batch.to(dist.device, non_blocking=True)
         with autocast():
             logits, _ = model(batch[:, :-1])

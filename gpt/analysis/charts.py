@@ -73,8 +73,8 @@ class RunCharts(RunHooks):
             return f"charts not drawn: {os_reason(e)}"
         return None
 
-    def checkpoint_saved(self, ckpt: Path) -> str | None:
-        return self.draw()
+    def checkpoint_saved(self, ckpt: Path) -> None:
+        self.draw()  # a chart not drawn now is drawn at the end, or said then
 
     def finished(self, status: str, final: Path | None, summary: dict, stop) -> str | None:
         return self.draw()

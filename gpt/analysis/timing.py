@@ -19,7 +19,6 @@ compile failure) becomes an error row naming the exception, and the next row run
 
 from __future__ import annotations
 
-import copy
 import functools
 import shutil
 import tempfile
@@ -37,7 +36,7 @@ from gpt.model.norms import make_norm
 from gpt.run.distributed import Dist, device_name, peak_memory_bytes
 from gpt.run.fastpath import auto_precision
 from gpt.training.loop import Trainer
-from gpt.training.micro_batch import free_memory
+from gpt.training.micro_batch import free_memory, stepping_config
 
 BASELINE = "handrolled_layernorm"  # every row's time is also given as a ratio to this norm's row
 
@@ -65,14 +64,6 @@ class StepTimer:
             torch.cuda.synchronize()
             return [a.elapsed_time(b) / 1e3 for a, b in zip(self.marks, self.marks[1:])]
         return [b - a for a, b in zip(self.marks, self.marks[1:])]
-
-
-def bench_config(cfg: Config, norm_type: str, compile_: bool, steps: int) -> Config:
-    """``cfg`` with one norm type and compile setting, ``steps`` steps long (its own length aside)."""
-    c = copy.deepcopy(cfg)
-    c.model.norm_type, c.train.compile = norm_type, compile_
-    c.train.steps, c.train.tokens, c.train.tokens_per_param = steps, None, None
-    return c
 
 
 def data_for(cfg: Config, dist: Dist, mode: str, steps: int) -> Path:
@@ -145,7 +136,7 @@ def step_rows(
     try:
         for compile_ in compiles:
             for norm_type in norm_types:
-                c = bench_config(cfg, norm_type, compile_, warmup + steps)
+                c = stepping_config(cfg, norm_type, compile_, warmup + steps)
                 row = {
                     "mode": "step",
                     "config": cfg.run.name,

@@ -73,14 +73,12 @@ def export_weights(cfg: Config, sd: dict[str, torch.Tensor], layout: Layout) -> 
                 f"{', '.join(HF_COMPATIBLE_NORMS)}"
             )
         out = state_dict_to_hf(sd, m)
-        if m.tie_weights:
-            out.pop("lm_head.weight")  # the embedding itself: tied again on load
     else:
         out = {k: v[: m.vocab_size] if k in VOCAB_ROWS else v for k, v in sd.items()}
-        if m.tie_weights:
-            out.pop("lm_head.weight")
-        out = {REMOTE_PREFIX + k: v for k, v in out.items()}
-    return {k: v.contiguous() for k, v in out.items()}
+    if m.tie_weights:
+        out.pop("lm_head.weight")  # the embedding itself (both layouts name it so): tied again on load
+    prefix = REMOTE_PREFIX if layout is Layout.REMOTE_CODE else ""
+    return {prefix + k: v.contiguous() for k, v in out.items()}
 
 
 def special_tokens(vocab_size: int) -> dict:

@@ -210,10 +210,9 @@ class HubUploads(RunHooks):
         else:
             shutil.rmtree(run.hub_staging, ignore_errors=True)
 
-    def checkpoint_saved(self, ckpt: Path) -> str | None:
+    def checkpoint_saved(self, ckpt: Path) -> None:
         if self.uploader is not None and self.hub.push_every_checkpoint:
             self.uploader.submit(ckpt)  # returns at once: the upload runs in the background
-        return None
 
     def finished(self, status: str, final: Path | None, summary: dict, stop) -> str | None:
         """Wait for the uploads (bounded once a stop signal came), the final model to main; the report goes

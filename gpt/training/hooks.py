@@ -14,14 +14,14 @@ from pathlib import Path
 
 class RunHooks:
     """Rank 0's listener of a training run. Every method does nothing unless overridden; none may raise
-    for a problem of its own (a full disk, a silent server): it returns the problem in one line."""
+    for a problem of its own (a full disk, a silent server): ``finished`` returns it in one line."""
 
     def started(self, run_path: Path) -> None:
         """The run folder is set up and marked running; no step has been taken in this process yet."""
 
-    def checkpoint_saved(self, ckpt: Path) -> str | None:
-        """``ckpt`` was just written (the training thread waits for this call: keep it short)."""
-        return None
+    def checkpoint_saved(self, ckpt: Path) -> None:
+        """``ckpt`` was just written (the training thread waits for this call: keep it short). A problem of
+        the hook's own here is not the run's: training goes on, and ``finished`` reports what still stands."""
 
     def finished(self, status: str, final: Path | None, summary: dict, stop) -> str | None:
         """The run ended with ``status``; ``final``: its last checkpoint when it completed, else None.

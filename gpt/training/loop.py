@@ -636,7 +636,7 @@ class Trainer:
             )
             self.last_checkpoint = path
             for hook in self.hooks:
-                hook.checkpoint_saved(path)  # a problem of a hook's own is not the run's: training goes on
+                hook.checkpoint_saved(path)
             return path
 
         return self.dist.on_main(save)

@@ -41,11 +41,19 @@ def largest_fitting(fits, limit: int) -> int:
     return good
 
 
+def stepping_config(cfg: Config, norm_type: str, compile_: bool, steps: int) -> Config:
+    """``cfg`` with one norm type and compile setting, ``steps`` steps long (its own length aside): what the
+    benchmark and the memory probe step outside a run (``Trainer.ready_to_step``)."""
+    c = copy.deepcopy(cfg)
+    c.model.norm_type, c.train.compile = norm_type, compile_
+    c.train.steps, c.train.tokens, c.train.tokens_per_param = steps, None, None
+    return c
+
+
 def fits_in_memory(cfg: Config, dist: Dist, micro_batch: int) -> bool:
     """Whether two training steps of ``cfg`` at ``micro_batch`` run without running out of GPU memory,
     beside a reserve as large as DDP's gradient buckets (fp32, one copy of the gradients)."""
-    c = copy.deepcopy(cfg)  # two eager steps of one micro-batch
-    c.train.compile, c.train.steps, c.train.tokens, c.train.tokens_per_param = False, 2, None, None
+    c = stepping_config(cfg, cfg.model.norm_type, False, 2)  # two eager steps of one micro-batch
     c.train.micro_batch_size = c.train.global_batch_size = micro_batch
     trainer = Trainer(c, dist)
     reserve = None

@@ -9,6 +9,11 @@ that is not part of a norm layer is drawn again from a generator seeded by
 its name and its shape, never on which norm (or any other module) was built before
 it, and construction leaves the global RNG untouched.
 
+Generation reuses the keys and values of the tokens already read (a ``KVCache``, or any of
+transformers' ``Cache`` classes: both have ``update(k, v, layer_idx)``), and a batch of prompts
+of different lengths is left-padded with an ``attention_mask`` (1 token, 0 padding). Training
+passes neither and takes the plain causal path.
+
 This file is shipped verbatim to the Hub beside ``norms.py`` and ``loss.py`` (the published
 model's remote code wraps this very ``GPT``), so it imports torch and its two siblings only.
 ``cfg`` is a ``gpt.config.ModelConfig``, or any object with its fields.
@@ -36,13 +41,22 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)  # residual projection
         self.resid_drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache=None, layer: int = 0) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C). ``mask`` (B or 1, 1, T, S) True where a query may read a key; None:
+        causal over x alone, or, after a cache's S - T tokens, one new token reading them all."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
         # (B, T, C) -> (B, nh, T, hs): heads become a batch dimension
         q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in (q, k, v))
+        if cache is not None:
+            k, v = cache.update(k, v, layer)  # (B, nh, S, hs): the cached tokens', then these
         y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=mask is None and k.shape[2] == T,
         )  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
         return self.resid_drop(self.proj(y))
@@ -70,9 +84,44 @@ class Block(nn.Module):
         self.ln_2 = make_norm(cfg)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache=None, layer: int = 0) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), mask, cache, layer)
         return x + self.mlp(self.ln_2(x))
+
+
+class KVCache:
+    """The keys and values of the tokens read so far, a (B, nh, S, hs) pair per block. Its two methods are
+    those of transformers' ``Cache``, so the model takes either."""
+
+    def __init__(self):
+        self.layers: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append this step's k, v (B, nh, T, hs) to block ``layer_idx``'s; return all of them."""
+        if layer_idx == len(self.layers):
+            self.layers.append((k, v))
+        else:
+            past_k, past_v = self.layers[layer_idx]
+            self.layers[layer_idx] = (torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2))
+        return self.layers[layer_idx]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.layers[layer_idx][0].shape[2] if layer_idx < len(self.layers) else 0
+
+
+def visible_keys(T: int, past: int, keep: torch.Tensor | None, device) -> torch.Tensor | None:
+    """Which keys each of T new queries may read (B or 1, 1, T, past + T), after ``past`` cached tokens:
+    the ones at or before it, and not padding (``keep`` (B, past + T): 1 token, 0 padding). None where
+    attention needs no mask: causal over the new tokens alone, or one new token reading everything."""
+    if keep is None and (past == 0 or T == 1):
+        return None
+    q = torch.arange(past, past + T, device=device)[:, None]  # (T, 1) the queries' places in the sequence
+    k = torch.arange(past + T, device=device)[None, :]  # (1, S) the keys'
+    allowed = (k <= q)[None, None]  # (1, 1, T, S)
+    if keep is not None:
+        # a padding query reads itself, so that no row is empty (NaN); a token never reads padding
+        allowed = (allowed & keep.bool()[:, None, None, :]) | (k == q)
+    return allowed
 
 
 # The parameters with one row per token: model.vocab_pad_multiple pads them (a tied embedding
@@ -182,15 +231,39 @@ class GPT(nn.Module):
         matmul -= (c.padded_vocab_size - c.vocab_size) * c.d_model
         return 6 * matmul + 12 * c.n_layers * c.context_length * c.d_model
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        """idx (B, T) token ids -> logits (B, T, V), and the mean cross-entropy if targets (B, T)."""
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        *,
+        cache=None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ):
+        """idx (B, T) token ids -> logits (B, T, V), and the mean cross-entropy if targets (B, T).
+
+        For generation: ``cache`` (a ``KVCache`` or a transformers ``Cache``) holds the tokens read
+        before idx and takes idx's; ``attention_mask`` (B, cached + T) is 1 for a token and 0 for
+        padding (left padding: each row's tokens start at position 0); ``position_ids`` (B, T)
+        overrides the positions that follow from the two."""
         B, T = idx.shape
-        if self.cfg.context_length < T:
-            raise ValueError(f"sequence length {T} exceeds model.context_length={self.cfg.context_length}")
-        pos = torch.arange(T, device=idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
-        for block in self.blocks:
-            x = block(x)
+        past = cache.get_seq_length() if cache is not None else 0
+        keep = attention_mask if attention_mask is not None and not bool(attention_mask.all()) else None
+        if position_ids is None and keep is not None:
+            position_ids = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]  # padding sits at 0, unread
+        if position_ids is None:  # the common case, checked without reading a tensor back from the device
+            if self.cfg.context_length < past + T:
+                raise ValueError(f"sequence length {past + T} exceeds model.context_length={self.cfg.context_length}")
+            position_ids = torch.arange(past, past + T, device=idx.device)
+        elif int(position_ids.max()) >= self.cfg.context_length:
+            raise ValueError(
+                f"position {int(position_ids.max())} is past the model's last, model.context_length - 1 = "
+                f"{self.cfg.context_length - 1}"
+            )
+        mask = visible_keys(T, past, keep, idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(position_ids))  # (B, T, C)
+        for i, block in enumerate(self.blocks):
+            x = block(x, mask, cache, i)
         logits = self.lm_head(self.ln_f(x))  # (B, T, V), or (B, T, padded V)
         if logits.shape[-1] > self.cfg.vocab_size:
             logits = logits[..., : self.cfg.vocab_size]  # padded logits are never predicted nor scored
@@ -205,11 +278,19 @@ class GPT(nn.Module):
         temperature: float = 1.0,
         top_k: int | None = None,
         generator: torch.Generator | None = None,
+        use_cache: bool = True,
     ) -> torch.Tensor:
         """Append ``max_new_tokens`` sampled tokens to idx (B, T); the context is cropped to context_length.
-        ``temperature`` 0 takes the most likely token; ``top_k`` samples among the k most likely."""
+        ``temperature`` 0 takes the most likely token; ``top_k`` samples among the k most likely.
+        ``use_cache`` reads each token once (a ``KVCache``) until the context is full; from then on, and
+        without it, every step reads the whole (cropped) context again."""
+        cache = KVCache() if use_cache else None
         for _ in range(max_new_tokens):
-            logits = self(idx[:, -self.cfg.context_length :])[0][:, -1, :].float()  # (B, V)
+            if cache is not None and idx.shape[1] > self.cfg.context_length:
+                cache = None  # the positions ran out: the window slides, and every step reads it whole
+            past = cache.get_seq_length() if cache is not None else 0
+            logits = self(idx[:, past - idx.shape[1] if past else -self.cfg.context_length :], cache=cache)[0]
+            logits = logits[:, -1, :].float()  # (B, V)
             if temperature == 0:
                 nxt = logits.argmax(dim=-1, keepdim=True)
             else:

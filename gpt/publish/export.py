@@ -39,13 +39,15 @@ def write_tokenizer(folder: Path, context_length: int) -> list[str]:
                 "bos_token": EOT,
                 "eos_token": EOT,
                 "unk_token": EOT,
+                "pad_token": EOT,  # a batch of prompts pads on the left with it; the attention mask hides it
+                "padding_side": "left",
             },
             indent=2,
         )
         + "\n"
     )
     (folder / "special_tokens_map.json").write_text(
-        json.dumps({"bos_token": EOT, "eos_token": EOT, "unk_token": EOT}, indent=2) + "\n"
+        json.dumps({"bos_token": EOT, "eos_token": EOT, "unk_token": EOT, "pad_token": EOT}, indent=2) + "\n"
     )
     return ["vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json"]
 

@@ -82,9 +82,9 @@ def export_weights(cfg: Config, sd: dict[str, torch.Tensor], layout: Layout) -> 
 
 
 def special_tokens(vocab_size: int) -> dict:
-    """<|endoftext|> begins and ends generation, in a vocabulary that has it."""
+    """<|endoftext|> begins and ends generation, and pads a batch (left, never read), in a vocabulary that has it."""
     eot = EOT_TOKEN if vocab_size > EOT_TOKEN else None
-    return {"bos_token_id": eot, "eos_token_id": eot}
+    return {"bos_token_id": eot, "eos_token_id": eot, "pad_token_id": eot}
 
 
 def remote_config(cfg: Config) -> dict:
@@ -108,7 +108,7 @@ def remote_config(cfg: Config) -> dict:
         "qkv_bias": m.qkv_bias,
         "tie_word_embeddings": m.tie_weights,
         **special_tokens(m.vocab_size),
-        "use_cache": False,
+        "use_cache": True,
         "dtype": "float32",
         "harness_config": config_to_dict(cfg),
     }

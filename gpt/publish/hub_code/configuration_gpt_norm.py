@@ -33,6 +33,7 @@ class GPTNormConfig(PretrainedConfig):
         initializer_range=0.02,
         bos_token_id=50256,
         eos_token_id=50256,
+        pad_token_id=50256,
         **kwargs,
     ):
         self.vocab_size = vocab_size
@@ -45,7 +46,11 @@ class GPTNormConfig(PretrainedConfig):
         self.dyt_alpha_init = dyt_alpha_init
         self.qkv_bias = qkv_bias
         self.initializer_range = initializer_range
-        kwargs.setdefault("use_cache", False)  # no KV cache: each generated token re-reads the whole context
+        kwargs.setdefault("use_cache", True)  # generate() keeps the keys and values of the tokens it has read
         super().__init__(
-            bos_token_id=bos_token_id, eos_token_id=eos_token_id, tie_word_embeddings=tie_word_embeddings, **kwargs
+            bos_token_id=bos_token_id,
+            eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id,
+            tie_word_embeddings=tie_word_embeddings,
+            **kwargs,
         )

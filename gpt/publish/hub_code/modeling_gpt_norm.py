@@ -4,6 +4,9 @@ A thin ``PreTrainedModel`` around the harness's own ``GPT``: ``gpt.py``, ``norms
 ``loss.py`` beside this file are verbatim copies of the harness's ``gpt/model/`` files, so the
 published network is the trained one, not a second implementation of it. The weights are the
 harness's parameters under the prefix ``gpt.`` (``gpt.wte.weight``, ``gpt.blocks.0.ln_1.weight``).
+``generate()`` works as with any causal LM of transformers 5: a key-value cache (transformers'
+``Cache`` classes, the argument and output field ``cache``; ``use_cache``) and left-padded batches
+with an ``attention_mask``.
 Self-contained: it imports torch, transformers and its sibling files only.
 """
 
@@ -11,8 +14,8 @@ from types import SimpleNamespace
 
 import torch.nn as nn
 import torch.nn.functional as F
-from transformers import GenerationMixin, PreTrainedModel
-from transformers.modeling_outputs import CausalLMOutput
+from transformers import DynamicCache, GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .configuration_gpt_norm import GPTNormConfig
 from .gpt import GPT
@@ -68,16 +71,28 @@ class GPTNormForCausalLM(PreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, value):
         self.gpt.lm_head = value
 
-    def forward(self, input_ids=None, attention_mask=None, labels=None, **kwargs):
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        cache=None,
+        use_cache=None,
+        labels=None,
+        **kwargs,
+    ):
         """input_ids (B, T) -> logits (B, T, V); with labels, the mean next-token cross-entropy
-        (labels are shifted inside, as transformers does; -100 is ignored). No KV cache, and no
-        padding mask: left-padded batches are not supported."""
-        logits, _ = self.gpt(input_ids)
+        (labels are shifted inside, as transformers does; -100 is ignored). ``cache`` holds the
+        tokens read before (a new ``DynamicCache`` when ``use_cache`` and none is given; the older
+        name ``past_key_values`` is taken too); ``attention_mask`` (B, cached + T), 0 on left padding."""
+        cache = cache if cache is not None else kwargs.pop("past_key_values", None)
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        elif not use_cache:
+            cache = None
+        logits, _ = self.gpt(input_ids, cache=cache, attention_mask=attention_mask, position_ids=position_ids)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
-        return CausalLMOutput(loss=loss, logits=logits)
-
-    def prepare_inputs_for_generation(self, input_ids, **kwargs):
-        # without a cache every step reads the whole sequence, cropped to the context
-        return {"input_ids": input_ids[:, -self.config.n_positions :]}
+        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache)

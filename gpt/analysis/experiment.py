@@ -96,6 +96,11 @@ def plan(
     return cells
 
 
+def comparison_folder(config: Path, runs_dir: Path, out: Path | None = None) -> Path:
+    """Where the sweep's comparison goes: ``out``, or ``<runs_dir>/<config stem>-comparison``."""
+    return Path(out) if out is not None else Path(runs_dir) / f"{Path(config).stem}-comparison"
+
+
 def launcher(nproc: int) -> list[str]:
     """The start of a command that runs a module (the next word) on ``nproc`` processes."""
     if nproc > 1:
@@ -166,7 +171,7 @@ def run_sweep(
     cells into ``out``; returns the comparison (None for a dry run, which only logs the commands).
     ``hooks_for(cfg)``: the hooks of a cell trained in this process (``gpt.commands.cli.standard_hooks``)."""
     cells = plan(config, norm_types, seeds, runs_dir, overrides, seeds_for, init_seeds, data_seeds)
-    out = Path(out) if out is not None else Path(runs_dir) / f"{Path(config).stem}-comparison"
+    out = comparison_folder(config, runs_dir, out)
     for i, cell in enumerate(cells, 1):
         status = cell.run.status()
         if dry_run:

@@ -10,12 +10,15 @@ runs/<config>-<norm-type>-s<seed>; with --init-seeds and --data-seeds, every ini
 seed is crossed with every data-order seed (runs/<config>-<norm-type>-i<init>-s<data>), and
 the comparison splits each group's seed-to-seed variance between the two. Rerunning the
 same command skips finished cells and resumes interrupted ones. --dry-run prints the
-commands instead.
+commands instead. --push-to-hub USER then publishes the whole sweep, as
+scripts/publish_sweep.py RUNS_DIR --namespace USER does (a model per run, the comparison as a
+dataset, one collection; a rerun uploads only what changed).
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -75,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a config or fingerprint key the cells may differ in (see compare)",
     )
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    parser.add_argument(
+        "--push-to-hub",
+        metavar="USER",
+        help="then publish the sweep under this Hub namespace (scripts/publish_sweep.py; private repos)",
+    )
+    parser.add_argument("--hub-prefix", metavar="NAME", help="with --push-to-hub: its --prefix")
     return parser
 
 
@@ -82,8 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
-    from gpt.analysis.experiment import run_sweep
+    from gpt.analysis.experiment import comparison_folder, run_sweep
     from gpt.analysis.report import markdown
+    from gpt.publish.release import outcome_problems, publish_sweep
 
     result = run_sweep(
         args.config,
@@ -104,6 +114,15 @@ def main(argv: list[str] | None = None) -> int:
     if result is not None:
         print(markdown(result), end="")
         print(f"\nplots: {', '.join(result['plots'])}")
+    if args.push_to_hub:
+        comparison = comparison_folder(args.config, args.runs_dir, args.out)
+        if args.dry_run:  # nothing is trained yet: the command that publishes it, as the others above
+            publish = ["scripts/publish_sweep.py", str(args.runs_dir), "--namespace", args.push_to_hub]
+            publish += ["--comparison", str(comparison), *(["--prefix", args.hub_prefix] if args.hub_prefix else [])]
+            print(shlex.join([sys.executable, *publish]))
+        else:
+            outcome = publish_sweep(args.runs_dir, args.push_to_hub, prefix=args.hub_prefix, comparison=comparison)
+            outcome_problems(outcome)
     return 0
 
 

@@ -35,6 +35,7 @@ class CardFacts:
     data_source: str | None = None  # the token set's source (meta.json), e.g. HuggingFaceFW/fineweb
     layout: Layout = Layout.REMOTE_CODE  # NATIVE_GPT2: the stock GPT2LMHeadModel layout, no remote code
     loss_png: bool = False  # the run's loss chart is uploaded beside the card, as loss.png
+    experiment: dict | None = None  # published with its sweep (gpt.publish.release): its row and the dataset
 
 
 def metadata(cfg: Config, f: CardFacts) -> dict:
@@ -126,6 +127,8 @@ def loss_lines(f: CardFacts) -> list[str]:
             f"tokens, {e.get('tokenizer', 'gpt2')} tokenizer), in {e['precision']}, by `evaluate.py`; "
             "none of these tokens was trained or validated on."
         )
+    if f.experiment is not None:
+        lines += experiment_lines(f.experiment)
     c = f.comparison
     if c is not None:
         v = c.get("vs_baseline") or {}
@@ -142,6 +145,36 @@ def loss_lines(f: CardFacts) -> list[str]:
     if f.loss_png:
         lines += ["", "![training and validation loss](loss.png)"]
     return lines + [""]
+
+
+def experiment_lines(x: dict) -> list[str]:
+    """The run's own row of its published sweep, and where the comparison is (its group means change as
+    seeds are added; this row does not)."""
+    return [
+        "",
+        f"Part of a sweep published whole: the comparison of every run, with the group means, their "
+        f"intervals, the seeds needed and every run's data, is the dataset "
+        f"[{x['dataset']}](https://huggingface.co/datasets/{x['dataset']}). This run's row:",
+        "",
+        "| run | norm type | seed | status | test loss |",
+        "|---|---|---|---|---|",
+        f"| {x['run']} | {x['group']} | {x['seed']} | {x['status']} | {_fmt(x.get('test_loss'), '.6f')} |",
+    ]
+
+
+def status_lines(f: CardFacts) -> list[str]:
+    """A run that did not complete says so first: its weights are a record, not a result."""
+    s = f.summary or {}
+    status = s.get("status")
+    if status in (None, "completed"):
+        return []
+    where = f" at step {s['diverged_at_step']:,}" if s.get("diverged_at_step") is not None else ""
+    reason = f" ({s['stop_reason']})" if s.get("stop_reason") else ""
+    return [
+        f"> **This run {status}{where}{reason}.** Its last checkpoint (step {_fmt(f.step, ',')}) is published "
+        "for the record; it is not a trained model, and no comparison's statistics use it.",
+        "",
+    ]
 
 
 def usage_lines(f: CardFacts) -> list[str]:
@@ -179,5 +212,6 @@ def card_text(cfg: Config, f: CardFacts) -> str:
         f"A GPT-2-style model trained with gpt-norm-harness to compare "
         f"normalisation layers; this one uses `{cfg.model.norm_type}`.",
         "",
+        *status_lines(f),
     ]
     return head + "\n".join(title + model_lines(cfg, f) + loss_lines(f) + usage_lines(f))

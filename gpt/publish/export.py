@@ -61,6 +61,7 @@ def card_facts(
     summary: dict | None,
     comparison: dict | None,
     layout: Layout,
+    experiment: dict | None = None,
 ) -> CardFacts:
     """What the card says of ``ckpt``: its info, the run's summary and charts, its test loss."""
     info = read_info(ckpt)
@@ -77,10 +78,12 @@ def card_facts(
         val_loss=info.get("val_loss"),
         summary=summary if summary is not None else run.summary(),
         evaluation=evaluation,
-        comparison=comparison if comparison is not None else find_comparison(run),
+        # a sweep published whole shows its row, not the group's (which changes as seeds are added)
+        comparison=comparison if comparison is not None or experiment is not None else find_comparison(run),
         data_source=source if isinstance(source, str) else None,
         layout=layout,
         loss_png=run.loss_chart.is_file(),
+        experiment=experiment,
     )
 
 
@@ -113,8 +116,10 @@ def export_checkpoint(
     run: RunDir | None = None,
     summary: dict | None = None,
     comparison: dict | None = None,
+    experiment: dict | None = None,
 ) -> list[str]:
-    """Write ``ckpt`` into ``folder`` as a Hub repo's files; returns their names."""
+    """Write ``ckpt`` into ``folder`` as a Hub repo's files; returns their names. ``comparison``: the run's
+    group in a comparison; ``experiment``: its row in a sweep published whole (``gpt.publish.release``)."""
     cfg = checkpoint_config(ckpt)
     weights = export_weights(cfg, read_weights(ckpt), layout)
     folder.mkdir(parents=True, exist_ok=True)
@@ -125,7 +130,7 @@ def export_checkpoint(
         files += write_code(folder)
     n_params = sum(v.numel() for v in weights.values())  # as published: a tied head once, no padding
     run = run or RunDir.of_checkpoint(ckpt)
-    facts = card_facts(ckpt, cfg, repo_id, n_params, run, summary, comparison, layout)
+    facts = card_facts(ckpt, cfg, repo_id, n_params, run, summary, comparison, layout, experiment)
     if facts.loss_png:
         shutil.copyfile(run.loss_chart, folder / run.loss_chart.name)
         files.append(run.loss_chart.name)

@@ -51,6 +51,8 @@ def why_upload_failed(error: BaseException) -> str:
     status = getattr(getattr(error, "response", None), "status_code", None)
     if status in (401, 403):
         return "check the token (HF_TOKEN or `hf auth login`) and its write access"
+    if status is not None and status >= 500:
+        return "the Hub failed to answer (a server error): wait and run again"
     network = ("Timeout", "ConnectError", "ConnectionError", "NetworkError", "RemoteProtocolError", "ReadError")
     if any(
         name in type(e).__name__
@@ -60,6 +62,25 @@ def why_upload_failed(error: BaseException) -> str:
     ):
         return f"the Hub at {endpoint()} did not answer; check the network, or HF_ENDPOINT"
     return "check the repository name and the token's write access (HF_TOKEN or `hf auth login`)"
+
+
+def retried(action, what: str, *, attempts: int = 3, backoff: float = 1.0):
+    """``action()``'s result; any failure is retried ``attempts`` times with doubling waits, then raised as
+    one UploadError line naming ``what`` (a repo, a repo@branch, a collection)."""
+    error = None
+    for attempt in range(attempts):
+        try:
+            return action()
+        except Exception as e:  # noqa: BLE001  any failure of the client or the network: retried, then one line
+            error = e
+            if attempt + 1 < attempts:
+                time.sleep(backoff * 2**attempt)
+    reason = f"{first_line(error)}; {why_upload_failed(error)}"
+    raise UploadError(
+        f"upload to {what} failed after {attempts} attempts: "
+        f"{first_line(error)}; nothing local changed: {why_upload_failed(error)}, then run again",
+        reason,
+    )
 
 
 def upload_folder(
@@ -78,23 +99,14 @@ def upload_folder(
 
     bounded_session()
     api = HfApi()
-    error = None
-    for attempt in range(attempts):
-        try:
-            api.create_repo(repo_id, private=private, exist_ok=True)
-            if revision not in (None, "main"):
-                api.create_branch(repo_id, branch=revision, exist_ok=True)
-            info = api.upload_folder(
-                repo_id=repo_id, folder_path=str(folder), revision=revision, commit_message=message
-            )
-            return info.oid
-        except Exception as e:  # noqa: BLE001  any failure of the client or the network: retried, then one line
-            error = e
-            if attempt + 1 < attempts:
-                time.sleep(backoff * 2**attempt)
-    reason = f"{first_line(error)}; {why_upload_failed(error)}"
-    raise UploadError(
-        f"upload to {repo_id}{'@' + revision if revision else ''} failed after {attempts} attempts: "
-        f"{first_line(error)}; nothing local changed: {why_upload_failed(error)}, then run again",
-        reason,
-    )
+
+    def upload() -> str:
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        if revision not in (None, "main"):
+            api.create_branch(repo_id, branch=revision, exist_ok=True)
+        return api.upload_folder(
+            repo_id=repo_id, folder_path=str(folder), revision=revision, commit_message=message
+        ).oid
+
+    where = f"{repo_id}{'@' + revision if revision else ''}"
+    return retried(upload, where, attempts=attempts, backoff=backoff)

@@ -46,7 +46,7 @@ class GPTNormConfig(PretrainedConfig):
         self.dyt_alpha_init = dyt_alpha_init
         self.qkv_bias = qkv_bias
         self.initializer_range = initializer_range
-        kwargs.setdefault("use_cache", True)  # generate() keeps the keys and values of the tokens it has read
+        self.use_cache = kwargs.pop("use_cache", True)  # keep the keys and values of the tokens read
         super().__init__(
             bos_token_id=bos_token_id,
             eos_token_id=eos_token_id,

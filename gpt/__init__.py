@@ -10,7 +10,7 @@ the wings above it in this list (``tests/test_architecture.py`` holds the code t
     run/         one run on disk and on devices: run folder, checkpoints, fingerprint, processes
     evaluation/  scoring a model on held-out tokens (validation and test loss)
     training/    the training loop, optimizer, schedule, monitors, metrics, and its hooks
-    publish/     a checkpoint as a Hub repository: layouts, card, export, uploads
+    publish/     a checkpoint as a Hub repository: layouts, card, export, uploads; a whole sweep
     analysis/    comparison of runs: statistics, tables, charts, the sweep, speed benchmarks
     commands/    the front doors: one module per command, each thin
 

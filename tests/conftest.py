@@ -7,6 +7,7 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 
 
 import pytest  # noqa: E402
+from hubserver import HubServer  # noqa: E402
 from synthetic import CONFIGS, ROOT, VOCAB, write_meta, write_token_set, write_train_yaml  # noqa: E402, F401
 
 from gpt.config import ModelConfig  # noqa: E402
@@ -37,3 +38,23 @@ def train_yaml(tmp_path, token_set):
         return write_train_yaml(tmp_path, token_set, name)
 
     return make
+
+
+FAKE_TOKEN = "hf_FAKEtokenNeverWrittenAnywhere0123456789"
+
+
+@pytest.fixture
+def hub(tmp_path):
+    """A Hub on 127.0.0.1 (tests/hubserver.py); ``hub.env`` points a fresh process at it, with a fake token
+    that must reach the server and appear in no file."""
+    with HubServer() as server:
+        server.env = {
+            **os.environ,
+            "HF_ENDPOINT": server.url,
+            "HF_HOME": str(tmp_path / "hf-home"),
+            "HF_HUB_OFFLINE": "0",
+            "HF_TOKEN": FAKE_TOKEN,
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "OMP_NUM_THREADS": "1",
+        }
+        yield server

@@ -307,3 +307,26 @@ def test_gpu_check_without_a_gpu_says_so_in_one_line(tmp_path):
         "run it on a machine with one\n"
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_generation_rows_time_the_cache_against_none(train_yaml):
+    from gpt.analysis.timing import generation_rows
+
+    cfg = load_config(train_yaml("gen"), ["model.context_length=64"])
+    rows = generation_rows(
+        cfg, ["pytorch_rmsnorm"], prompt_tokens=8, new_tokens=24, device=torch.device("cpu"), repeats=1
+    )
+    assert [(r["norm_type"], r["cache"]) for r in rows] == [("pytorch_rmsnorm", False), ("pytorch_rmsnorm", True)]
+    assert rows[1]["same_tokens"] is True and rows[1]["speedup"] == rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"]
+    assert "tokens" not in rows[0] and rows[0]["tokens_per_s"] > 0
+
+
+def test_generate_refuses_a_context_too_short_before_building(capsys):
+    from gpt.commands.bench import main
+
+    assert main([str(CONFIGS / "tiny.yaml"), "--generate"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "error: --prompt-tokens 32 + --new-tokens 256 exceed model.context_length=128: past it the cache gives "
+        "way to a sliding window; --set model.context_length=288 (or more)\n"
+    )

@@ -6,7 +6,6 @@ fresh HF_HOME, with a fake token that must reach the server and appear in no fil
 
 import ast
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -14,8 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, write_token_set, write_train_yaml
-from hubserver import HubServer
+from conftest import FAKE_TOKEN, ROOT, write_token_set, write_train_yaml
 from huggingface_hub import ModelCard
 
 from gpt.commands.cli import standard_hooks
@@ -29,7 +27,6 @@ from gpt.run.directory import RunDir, find_checkpoint
 from gpt.training.loop import train
 
 pytestmark = pytest.mark.slow
-FAKE_TOKEN = "hf_FAKEtokenNeverWrittenAnywhere0123456789"
 PARAGRAPH = (
     "It was the best of times, it was the worst of times,\n\tit was the age of wisdom...  "
     "Numbers 1234 and émigrés; <|endoftext|> and don't stop."
@@ -58,21 +55,6 @@ def runs(tmp_path_factory):
     )
     assert evaluated.returncode == 0, evaluated.stderr
     return out
-
-
-@pytest.fixture
-def hub(tmp_path):
-    with HubServer() as server:
-        server.env = {
-            **os.environ,
-            "HF_ENDPOINT": server.url,
-            "HF_HOME": str(tmp_path / "hf-home"),
-            "HF_HUB_OFFLINE": "0",
-            "HF_TOKEN": FAKE_TOKEN,
-            "HF_HUB_DISABLE_TELEMETRY": "1",
-            "OMP_NUM_THREADS": "1",
-        }
-        yield server
 
 
 def run_py(hub, *args, code=None):

@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 import torch
-from conftest import ROOT, write_token_set, write_train_yaml
+from conftest import FAKE_TOKEN, ROOT, write_token_set, write_train_yaml
 from huggingface_hub import DatasetCard
-from test_hub import FAKE_TOKEN, IDS, hub, our_logits, run_py  # noqa: F401  (hub: the fixture)
+from test_hub import IDS, our_logits, run_py
 
 from gpt.analysis.table import compare
 from gpt.commands.cli import standard_hooks

@@ -158,3 +158,21 @@ def test_dry_run_of_crossed_seeds(grid_cfg, tmp_path, capsys):
     assert len(trains) == 4 and not (tmp_path / "r").exists()
     assert "--set train.seed=6 --set model.init_seed=1 --set run.name=grid-no-norm-i1-s6" in trains[3]
     assert lines[-1].endswith("--allow-differ hardware.name") and "-m gpt.commands.compare" in lines[-1]
+
+
+def test_push_to_hub_publishes_the_sweep_at_its_end(grid_cfg, tmp_path, hub):
+    runs = tmp_path / "runs"
+    sweep = [sys.executable, str(ROOT / "scripts" / "sweep.py"), str(grid_cfg), "--norm-types", "pytorch_layernorm"]
+    sweep += ["--seeds", "0", "--runs-dir", str(runs)]
+    refused = subprocess.run([*sweep, "--push-to-hub", "bad name"], env=hub.env, capture_output=True, text=True)
+    assert refused.returncode == 2 and "which the Hub refuses" in refused.stderr and not runs.exists()  # no training
+    dry = subprocess.run([*sweep, "--push-to-hub", "me", "--dry-run"], env=hub.env, capture_output=True, text=True)
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.splitlines()[-1].endswith(
+        f"scripts/publish_sweep.py {runs} --namespace me --comparison {runs / 'grid-comparison'}"
+    )
+    out = subprocess.run([*sweep, "--push-to-hub", "me"], env=hub.env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert set(hub.repos) == {"me/grid-pytorch-layernorm-s0", "datasets/me/grid-comparison"}
+    (collection,) = hub.collections.values()
+    assert [i["id"] for i in collection["items"]] == ["me/grid-comparison", "me/grid-pytorch-layernorm-s0"]

@@ -1,4 +1,4 @@
-"""Timing real training steps, and single norm layers: the rows ``bench.py`` prints.
+"""Timing real training steps, single norm layers, and generation: the rows ``bench.py`` prints.
 
 A step row times ``Trainer.train_step``, the step the trainer runs (reading the batch,
 forward and backward under the configured autocast, gradient norm, fused AdamW), on
@@ -12,6 +12,10 @@ A norm row times one norm layer's forward and backward on a (B, T, D) activation
 fp32 under the configured autocast: what the norm sees in a training step, where the
 residual stream stays fp32.
 
+A generate row times greedy generation (``GPT.generate``) by CONFIG's model with fresh
+weights, once without the key-value cache and once with it: tokens/s, the speed-up, and
+whether both gave the same tokens.
+
 Rows are handed to ``emit`` the moment each is measured, so a benchmark stopped part-way
 (a time limit, a kill) keeps every finished row. A row that raises (out of memory, a
 compile failure) becomes an error row naming the exception, and the next row runs.
@@ -19,6 +23,7 @@ compile failure) becomes an error row naming the exception, and the next row run
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import shutil
 import tempfile
@@ -31,6 +36,7 @@ from gpt.analysis.mfu import mfu, peak_tflops, step_stats
 from gpt.common.errors import first_line
 from gpt.config import Config
 from gpt.data.tokens import resolve_data_dir, write_random_set
+from gpt.model.gpt import GPT
 from gpt.model.loss import autocast_for
 from gpt.model.norms import make_norm
 from gpt.run.distributed import Dist, device_name, peak_memory_bytes
@@ -259,3 +265,54 @@ def norm_rows(
 def norms_precision(precision: str, device: torch.device) -> str:
     """The autocast of the norm benchmark: ``auto`` as a training run on ``device`` would have it."""
     return auto_precision(device) if precision == "auto" else precision
+
+
+def time_generation(
+    cfg: Config, norm_type: str, use_cache: bool, prompt_tokens: int, new_tokens: int, device, repeats: int
+) -> dict:
+    """Greedy generation of ``new_tokens`` after a random ``prompt_tokens``-token prompt, by the model of
+    ``cfg`` with ``norm_type`` (fresh weights): the median of ``repeats`` timed runs after an untimed one."""
+    model = GPT(dataclasses.replace(cfg.model, norm_type=norm_type), seed=cfg.train.seed).to(device).eval()
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, cfg.model.vocab_size, (1, prompt_tokens), generator=g).to(device)
+    model.generate(prompt, 4, temperature=0, use_cache=use_cache)  # warm-up: allocations, kernels
+    timer, out = StepTimer(device), None
+    for _ in range(repeats):
+        out = model.generate(prompt, new_tokens, temperature=0, use_cache=use_cache)
+        timer.mark()
+    seconds = sorted(timer.seconds())[len(timer.seconds()) // 2]
+    return {"seconds": seconds, "tokens_per_s": new_tokens / seconds, "tokens": out[0, prompt_tokens:].tolist()}
+
+
+def generation_rows(
+    cfg: Config, norm_types: list[str], *, prompt_tokens: int, new_tokens: int, device, repeats: int, emit=None
+) -> list[dict]:
+    """Per norm type, greedy generation without and with the key-value cache: tokens/s, the speed-up, and
+    whether both gave the same tokens."""
+    rows = []
+    for norm_type in norm_types:
+        pair = []
+        for use_cache in (False, True):
+            row = {
+                "mode": "generate",
+                "norm_type": norm_type,
+                "cache": use_cache,
+                "compile": False,
+                "prompt_tokens": prompt_tokens,
+                "new_tokens": new_tokens,
+                "device": device_name(device),
+                "repeats": repeats,
+            }
+            measure = functools.partial(
+                time_generation, cfg, norm_type, use_cache, prompt_tokens, new_tokens, device, repeats
+            )
+            pair.append(measured(row, measure, device, None))
+        if all("error" not in r for r in pair):
+            pair[1]["speedup"] = pair[1]["tokens_per_s"] / pair[0]["tokens_per_s"]
+            pair[1]["same_tokens"] = pair[0]["tokens"] == pair[1]["tokens"]
+        for r in pair:
+            r.pop("tokens", None)
+            if emit is not None:
+                emit(r)
+        rows += pair
+    return rows

@@ -5,6 +5,7 @@
                             [--set KEY=VALUE ...]
     torchrun --nproc_per_node=8 scripts/bench.py CONFIG ...     # on the configured world size
     python scripts/bench.py --norms-only [--shape 12 1024 768] [--precision auto|fp32|bf16|fp16] [--compile ...]
+    python scripts/bench.py CONFIG --generate [--prompt-tokens 32] [--new-tokens 256] [--repeats 3]
     python -m gpt.commands.bench ...   /   gpt-bench ...
 
 Each row times real training steps of CONFIG with one norm type (the trainer's own
@@ -73,6 +74,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="auto",
         help="--norms-only: the autocast (default auto: bf16 on a GPU, fp32 on the CPU)",
     )
+    parser.add_argument("--generate", action="store_true", help="time greedy generation, without and with the cache")
+    parser.add_argument("--prompt-tokens", type=int, default=32, help="--generate: the prompt's length (default 32)")
+    parser.add_argument("--new-tokens", type=int, default=256, help="--generate: tokens generated (default 256)")
+    parser.add_argument("--repeats", type=int, default=3, help="--generate: timed generations per row (default 3)")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 1:
         raise UserError(
@@ -88,6 +93,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cfg = None if args.norms_only else config_from_args(args)  # a config mistake stops here, before building
+    if args.generate and args.prompt_tokens + args.new_tokens > cfg.model.context_length:
+        raise UserError(
+            f"--prompt-tokens {args.prompt_tokens} + --new-tokens {args.new_tokens} exceed model.context_length="
+            f"{cfg.model.context_length}: past it the cache gives way to a sliding window; "
+            f"--set model.context_length={args.prompt_tokens + args.new_tokens} (or more)"
+        )
     from gpt.analysis import timing as benchmark  # the heavy imports, after the arguments are known good
     from gpt.run.distributed import setup
 
@@ -95,7 +106,17 @@ def main(argv: list[str] | None = None) -> int:
     emit = append_to(args.jsonl) if args.jsonl is not None and dist.is_main else None
     try:
         compiles = COMPILE_CHOICES[args.compile or ("both" if dist.device.type == "cuda" else "off")]
-        if args.norms_only:
+        if args.generate:
+            rows = benchmark.generation_rows(
+                cfg,
+                args.norm_types,
+                prompt_tokens=args.prompt_tokens,
+                new_tokens=args.new_tokens,
+                device=dist.device,
+                repeats=args.repeats,
+                emit=emit,
+            )
+        elif args.norms_only:
             precision = benchmark.norms_precision(args.precision, dist.device)
             rows = benchmark.norm_rows(
                 args.norm_types,
@@ -149,6 +170,20 @@ def table(rows: list[dict]) -> str:
         return "\n".join(_error_line(r) for r in rows)
     r0 = measured[0]
     ratio = "vs handrolled_layernorm"
+    if r0["mode"] == "generate":
+        lines = [
+            f"greedy generation of {r0['new_tokens']} tokens after a {r0['prompt_tokens']}-token prompt, batch 1, "
+            f"{r0['device']}, median of {r0['repeats']}; torch {torch.__version__}",
+            f"{'norm_type':<28}{'cache':>6}{'tokens/s':>12}{'s':>9}{'speed-up':>10}{'same tokens':>13}",
+        ]
+        lines += [
+            _error_line(r)
+            if "error" in r
+            else f"{r['norm_type']:<28}{'on' if r['cache'] else 'off':>6}{r['tokens_per_s']:>12,.1f}"
+            f"{r['seconds']:>9.2f}{_num(r.get('speedup'), '.1f'):>10}{_num(r.get('same_tokens'), ''):>13}"
+            for r in rows
+        ]
+        return "\n".join(lines)
     if r0["mode"] == "norm":
         lines = [
             f"norm layer alone, forward + backward of {tuple(r0['shape'])} fp32 under {r0['precision']} "

@@ -93,8 +93,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from gpt.analysis.experiment import comparison_folder, run_sweep
     from gpt.analysis.report import markdown
-    from gpt.publish.release import outcome_problems, publish_sweep
+    from gpt.publish.release import check_repo_name, outcome_problems, publish_sweep
 
+    if args.push_to_hub:  # a name the Hub refuses stops here, not after the training
+        check_repo_name(f"{args.push_to_hub}/{args.hub_prefix + '-' if args.hub_prefix else ''}{args.config.stem}")
     result = run_sweep(
         args.config,
         args.norm_types,

@@ -1,7 +1,9 @@
 """A checkpoint as a Hugging Face Hub repository: the two layouts and reading them back (``layouts``),
-the model card (``card``), the export folder (``export``), requests to the Hub (``hub_api``), and
+the model card (``card``), the export folder (``export``), requests to the Hub (``hub_api``),
 uploads now or in the background while a run trains (``uploads``: ``HubUploads`` is a training
-hook). ``hub_code/`` is not a module: it holds the transformers wrapper shipped beside the weights.
+hook), bringing a repo or a collection to what is here by content (``sync``), and a whole
+sweep as model repos, a dataset repo and a collection (``release``). ``hub_code/`` is not a
+module: it holds the transformers wrapper shipped beside the weights.
 
 May import: the wings up to ``gpt.training``.
 """

@@ -136,9 +136,17 @@ class Names:
     namespace: str
 
 
-def hub_names(sweep: Sweep, namespace: str, prefix: str | None) -> Names:
+def check_repo_name(repo: str) -> None:
+    """One line if the Hub would refuse ``repo`` as a repo id."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
+    try:
+        validate_repo_id(repo)
+    except HFValidationError as e:
+        raise UserError(f"--namespace/--prefix make the repo name {repo!r}, which the Hub refuses: {e}") from None
+
+
+def hub_names(sweep: Sweep, namespace: str, prefix: str | None) -> Names:
     lead = f"{prefix}-" if prefix else ""
     names = Names(
         models={r.name: f"{namespace}/{lead}{r.name}" for r in sweep.runs},
@@ -147,10 +155,7 @@ def hub_names(sweep: Sweep, namespace: str, prefix: str | None) -> Names:
         namespace=namespace,
     )
     for repo in [names.dataset, *names.models.values()]:
-        try:
-            validate_repo_id(repo)
-        except HFValidationError as e:
-            raise UserError(f"--namespace/--prefix make the repo name {repo!r}, which the Hub refuses: {e}") from None
+        check_repo_name(repo)
     return names
 
 

@@ -1,6 +1,7 @@
-"""Held-out test loss of training runs (or checkpoints), one table row per run.
+"""Held-out test loss (and other tasks) of training runs or checkpoints, one table row per run and task.
 
     python evaluate.py runs/* [--which final|best|latest] [--precision fp32|bf16|fp16]
+    python evaluate.py runs/* --task test_loss --task hellaswag [--hellaswag FILE]
     torchrun --nproc_per_node=8 evaluate.py runs/*          # ranks take disjoint batches
     python evaluate.py --hf gpt2 --data data/fineweb        # OpenAI's GPT-2 on the same tokens
     python -m gpt.commands.evaluate ...   /   gpt-evaluate ...        # the same, from anywhere
@@ -10,6 +11,11 @@ long (null: to the end of the split); --data, --split, --offset and --tokens ove
 The result is the token-weighted mean cross-entropy, bit-identical on any world size in
 fp32, written as eval-<split>-<precision>.json beside the checkpoint. The author's
 evaluator used fp16 autocast; the default here is fp32.
+
+--task hellaswag scores HellaSwag (gpt/evaluation/hellaswag.py: acc, acc_norm and
+acc_token_mean, with every item's answers) into eval-hellaswag-<precision>.json, from
+--hellaswag FILE or the validation set cached in ~/.cache/gpt-norm-harness/hellaswag
+($GPT_NORM_CACHE), fetched there once when a network exists.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from gpt.commands.cli import command, is_rank0, parser_for
 from gpt.config import PRECISIONS
@@ -53,6 +60,14 @@ def parse_args(argv: list[str] | None):
         help="also evaluate a transformers GPT-2 checkpoint (Hub name or folder); needs --data "
         "or a run to take the range from",
     )
+    parser.add_argument(
+        "--task",
+        action="append",
+        choices=("test_loss", "hellaswag"),
+        metavar="TASK",
+        help="what to evaluate, repeatable: test_loss (the default), hellaswag",
+    )
+    parser.add_argument("--hellaswag", type=Path, metavar="FILE", help="HellaSwag items (JSONL), instead of the cache")
     parser.add_argument("--json", help="also write all results to this file")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
@@ -61,37 +76,41 @@ def parse_args(argv: list[str] | None):
     return args
 
 
-def print_table(rows: list[dict]) -> None:
-    print(f"{'run':<36}{'norm_type':<28}{'step':>7}{'split':>12}{'tokens':>13}{'prec':>6}{'loss':>11}{'ppl':>10}")
-    for r in rows:
-        print(
-            f"{r['run']:<36}{r['norm_type']:<28}{str(r['step']):>7}{r['split']:>12}{r['tokens']:>13,}"
-            f"{r['precision']:>6}{r['loss']:>11.6f}{r['perplexity']:>10.2f}"
-        )
-
-
 @command
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from gpt.evaluation.test_loss import EvalOptions, RangeOverride, evaluate_checkpoint, evaluate_hf
+    from gpt.evaluation.hellaswag import load_items
+    from gpt.evaluation.tasks import TASKS, TaskInputs
+    from gpt.evaluation.test_loss import EvalOptions, RangeOverride, evaluate_hf
     from gpt.run.directory import resolve_which
     from gpt.run.distributed import setup
 
-    options = EvalOptions(args.precision, args.batch_size, show_progress=not args.quiet)
-    override = RangeOverride(args.data, args.split, args.offset, args.tokens)
+    tasks = [
+        TASKS[name] for name in dict.fromkeys([*(["test_loss"] if args.hf else []), *(args.task or ["test_loss"])])
+    ]
+    inputs = TaskInputs(
+        EvalOptions(args.precision, args.batch_size, show_progress=not args.quiet),
+        RangeOverride(args.data, args.split, args.offset, args.tokens),
+        args.hellaswag,
+        load_items(args.hellaswag) if TASKS["hellaswag"] in tasks else None,  # a missing file: before any work
+    )
     ckpts = [resolve_which(p, args.which) for p in args.paths]  # every path checked before any work
     dist = setup("auto")
     try:
-        rows = [evaluate_checkpoint(c, dist, options, override) for c in ckpts]
+        rows = {task.name: [task.evaluate(c, dist, inputs) for c in ckpts] for task in tasks}
         for name in args.hf:
-            rows.append(evaluate_hf(name, dist, rows[0] if rows else None, options, override))
+            like = rows.get("test_loss", [None])[0] if rows.get("test_loss") else None
+            rows.setdefault("test_loss", []).append(evaluate_hf(name, dist, like, inputs.options, inputs.override))
     finally:
         dist.close()
     if is_rank0():
-        print_table(rows)
+        for task in tasks:
+            if rows.get(task.name):
+                print("\n".join([task.header, *map(task.line, rows[task.name])]))
         if args.json:
             with open(args.json, "w") as f:
-                json.dump(rows, f, indent=2)
+                everything = [r for name in rows for r in rows[name]]
+                json.dump(everything if len(rows) > 1 else next(iter(rows.values()), []), f, indent=2)
     return 0
 
 

@@ -1,0 +1,211 @@
+"""HellaSwag, our own scorer: its three answers against a hand computation from the model's log-probabilities,
+context truncation, one process against two, and the offline error."""
+
+import json
+import math
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import ROOT
+
+from gpt.common.errors import UserError
+from gpt.config import ModelConfig
+from gpt.data.tokenizer import get_tokenizer
+from gpt.evaluation.hellaswag import encode_item, fetch_validation, load_items, read_items, score_items, summarise
+from gpt.model.gpt import GPT
+from gpt.run.checkpoints import checkpoint_config, load_weights
+from gpt.run.distributed import setup
+
+WORDS = [
+    "the",
+    "a",
+    "man",
+    "woman",
+    "dog",
+    "ball",
+    "runs",
+    "throws",
+    "catches",
+    "quickly",
+    "slowly",
+    "into",
+    "over",
+    "park",
+    "river",
+    "house",
+    "red",
+    "blue",
+]
+
+
+def write_sample(path, n=20, seed=0, ctx_words=(6, 14)):
+    """n HellaSwag-format items of random words: ctx, 4 endings of different lengths, a label."""
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for i in range(n):
+            ctx = " ".join(rng.choice(WORDS) for _ in range(rng.randint(*ctx_words))).capitalize() + "."
+            endings = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 9))) + "." for _ in range(4)]
+            item = {"ind": 100 + i, "ctx": ctx, "endings": endings, "label": rng.randrange(4), "activity_label": "x"}
+            f.write(json.dumps(item) + "\n")
+    return path
+
+
+def model(context_length=64, seed=1):
+    cfg = ModelConfig(vocab_size=50257, context_length=context_length, d_model=32, n_layers=2, n_heads=2)
+    return GPT(cfg, seed=seed).eval()
+
+
+def by_hand(m, item, context_length):
+    """Each ending's summed log-probability and token count, one sequence at a time, no batching."""
+    enc = get_tokenizer().encode_ordinary
+    sums, counts = [], []
+    for ending in item.endings:
+        ctx, tail = enc(item.ctx), enc(" " + ending)
+        seq = (ctx + tail)[-context_length:]
+        n = min(len(tail), len(seq) - 1)
+        with torch.no_grad():
+            logp = F.log_softmax(m(torch.tensor([seq]))[0][0].double(), dim=-1)
+        sums.append(sum(logp[t - 1, seq[t]].item() for t in range(len(seq) - n, len(seq))))
+        counts.append(n)
+    return sums, counts
+
+
+@pytest.mark.parametrize("context_length", [64, 12])  # 12: the context is cut from the left, some endings too
+def test_three_answers_equal_a_hand_computation(tmp_path, context_length):
+    items = read_items(write_sample(tmp_path / "sample.jsonl"))
+    m = model(context_length)
+    got = score_items(m, items, get_tokenizer().encode_ordinary, setup("cpu"), context_length=context_length, chunk=3)
+    expect = {"acc": 0, "acc_norm": 0, "acc_token_mean": 0}
+    for item, r in zip(items, got):
+        sums, counts = by_hand(m, item, context_length)
+        assert all(math.isclose(a, b, abs_tol=1e-4) for a, b in zip(r["sum_logprob"], sums, strict=True))
+        assert r["n_tokens"] == counts and r["ind"] == item.ind and r["label"] == item.label
+        answers = {
+            "acc": max(range(4), key=lambda k: sums[k]),
+            "acc_norm": max(range(4), key=lambda k: sums[k] / len(item.endings[k])),
+            "acc_token_mean": min(range(4), key=lambda k: -sums[k] / counts[k]),
+        }
+        assert {k: r[k] for k in answers} == answers
+        for k in expect:
+            expect[k] += answers[k] == item.label
+    summary = summarise(got)
+    assert summary["n_items"] == 20
+    assert {k: summary[f"{k}_correct"] for k in expect} == expect
+    assert all(math.isclose(summary[k], expect[k] / 20) for k in expect)
+    if context_length == 12:  # the truncation really happened
+        rows, _ = encode_item(items[0], get_tokenizer().encode_ordinary, 12)
+        assert max(map(len, rows)) == 12
+
+
+TWO_PROCESSES = """
+import json, sys
+sys.path.insert(0, sys.argv[2])
+from test_hellaswag import model
+from gpt.data.tokenizer import get_tokenizer
+from gpt.evaluation.hellaswag import read_items, score_items
+from gpt.run.distributed import setup
+dist = setup("cpu")
+got = score_items(model(), read_items(sys.argv[1]), get_tokenizer().encode_ordinary, dist, context_length=64, chunk=3)
+if dist.is_main:
+    print(json.dumps(got))
+dist.close()
+"""
+
+
+@pytest.mark.slow
+def test_one_process_and_two_give_the_same_results(tmp_path):
+    sample = write_sample(tmp_path / "sample.jsonl", n=19)  # 7 chunks of 3: the ranks get 4 and 3
+    one = score_items(
+        model(), read_items(sample), get_tokenizer().encode_ordinary, setup("cpu"), context_length=64, chunk=3
+    )
+    script = tmp_path / "two.py"
+    script.write_text(TWO_PROCESSES)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    out = subprocess.run([*cmd, str(sample), str(ROOT / "tests")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == one  # bit for bit
+
+
+def test_no_file_and_no_cache_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPT_NORM_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(UserError) as e:
+        load_items(fetch=False)
+    assert str(e.value) == (
+        f"HellaSwag: no hellaswag_val.jsonl in {tmp_path / 'cache' / 'hellaswag'}; download "
+        "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl there, "
+        "or pass --hellaswag FILE"
+    )
+    dest = tmp_path / "cache" / "hellaswag" / "hellaswag_val.jsonl"
+    with pytest.raises(UserError) as e:  # a network that does not answer: nothing half-written is left
+        fetch_validation(dest, url="http://127.0.0.1:9/hellaswag_val.jsonl", timeout=5)
+    assert "\n" not in str(e.value) and "fetching http://127.0.0.1:9/hellaswag_val.jsonl failed" in str(e.value)
+    assert f"download that file into {dest.parent}" in str(e.value)
+    assert list(dest.parent.iterdir()) == []
+
+
+def test_a_damaged_line_is_named(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"ctx": "a", "endings": ["b", "c"], "label": 0}\n{"ctx": "a"}\n')
+    with pytest.raises(UserError, match=r"bad.jsonl:2: not a HellaSwag item \('endings'\)"):
+        read_items(path)
+    path.write_text('{"ctx": "a", "endings": ["b", "c"], "label": 5}\n')
+    with pytest.raises(UserError, match="label 5 names no ending"):
+        read_items(path)
+
+
+@pytest.fixture(scope="module")
+def gpt2_vocab_run(tmp_path_factory):
+    """A 2-step run of a tiny model with GPT-2's vocabulary (HellaSwag is read in GPT-2 BPE)."""
+    from conftest import write_token_set, write_train_yaml
+
+    from gpt.config import load_config
+    from gpt.training.loop import train
+
+    root = tmp_path_factory.mktemp("hs")
+    tokens = write_token_set(root / "tokens", n_train=20_000)
+    cfg = load_config(write_train_yaml(root, tokens, "run"), ["model.vocab_size=50257", "train.steps=2"])
+    train(cfg)
+    return root / "run"
+
+
+def test_evaluate_task_hellaswag_keeps_its_result_and_test_loss_is_unchanged(gpt2_vocab_run, tmp_path):
+    from gpt.commands.evaluate import main
+    from gpt.evaluation.hellaswag import METRICS
+    from gpt.evaluation.test_loss import evaluate_checkpoint
+    from gpt.run.directory import find_checkpoint
+
+    sample = write_sample(tmp_path / "sample.jsonl")
+    ckpt = find_checkpoint(gpt2_vocab_run, "latest")
+    args = ["--which", "latest", "--quiet", "--task", "test_loss", "--task", "hellaswag", "--hellaswag", str(sample)]
+    assert main([str(gpt2_vocab_run), *args]) == 0
+    kept = json.loads((ckpt / "eval-hellaswag-fp32.json").read_text())
+    m = GPT(checkpoint_config(ckpt).model)
+    load_weights(m, ckpt)
+    direct = summarise(
+        score_items(m, read_items(sample), get_tokenizer().encode_ordinary, setup("cpu"), context_length=32)
+    )
+    assert {k: kept[k] for k in METRICS} == {k: direct[k] for k in METRICS} and kept["n_items"] == 20
+    assert len(kept["labels"]) == 20 and set(kept["answers"]) == set(METRICS)
+    # the test loss through the task interface is the function's own, to the last digit
+    through_task = json.loads((ckpt / "eval-test-fp32.json").read_text())["loss"]
+    assert through_task == evaluate_checkpoint(ckpt, setup("cpu"), write=False)["loss"]
+
+
+def test_a_model_without_the_gpt2_vocabulary_is_refused(train_yaml, tmp_path, capsys):
+    from gpt.commands.evaluate import main
+    from gpt.config import load_config
+    from gpt.training.loop import train
+
+    cfg = load_config(train_yaml("small"), ["train.steps=2"])  # vocabulary 256
+    train(cfg)
+    sample = write_sample(tmp_path / "sample.jsonl", n=2)
+    assert main([str(tmp_path / "small"), "--which", "latest", "--task", "hellaswag", "--hellaswag", str(sample)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.count("\n") == 1
+        and "HellaSwag is read in GPT-2 BPE (50,257 tokens), and this model's vocabulary has 256" in err
+    )

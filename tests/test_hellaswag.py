@@ -65,10 +65,10 @@ def by_hand(m, item, context_length):
     sums, counts = [], []
     for ending in item.endings:
         ctx, tail = enc(item.ctx), enc(" " + ending)
-        seq = (ctx + tail)[-context_length:]
+        seq = (ctx + tail)[-(context_length + 1) :]  # the model reads at most context_length of them
         n = min(len(tail), len(seq) - 1)
         with torch.no_grad():
-            logp = F.log_softmax(m(torch.tensor([seq]))[0][0].double(), dim=-1)
+            logp = F.log_softmax(m(torch.tensor([seq[:-1]]))[0][0].double(), dim=-1)
         sums.append(sum(logp[t - 1, seq[t]].item() for t in range(len(seq) - n, len(seq))))
         counts.append(n)
     return sums, counts
@@ -98,7 +98,7 @@ def test_three_answers_equal_a_hand_computation(tmp_path, context_length):
     assert all(math.isclose(summary[k], expect[k] / 20) for k in expect)
     if context_length == 12:  # the truncation really happened
         rows, _ = encode_item(items[0], get_tokenizer().encode_ordinary, 12)
-        assert max(map(len, rows)) == 12
+        assert max(map(len, rows)) == 13
 
 
 TWO_PROCESSES = """
@@ -209,3 +209,66 @@ def test_a_model_without_the_gpt2_vocabulary_is_refused(train_yaml, tmp_path, ca
         err.count("\n") == 1
         and "HellaSwag is read in GPT-2 BPE (50,257 tokens), and this model's vocabulary has 256" in err
     )
+
+
+LOCAL_TASK = """task: hellaswag_local
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    validation: {sample}
+validation_split: validation
+output_type: multiple_choice
+doc_to_text: "{{{{ctx}}}}"
+doc_to_target: "{{{{label}}}}"
+doc_to_choice: "{{{{endings}}}}"
+metric_list:
+  - metric: acc
+  - metric: acc_norm
+"""
+
+
+@pytest.mark.slow
+def test_lm_eval_through_the_bridge_answers_as_our_scorer_item_for_item(gpt2_vocab_run, tmp_path, capsys):
+    """lm-evaluation-harness (a library no one here wrote), run by evaluate.py --lm-eval on a local task over
+    the same items, gives our acc and acc_norm item for item, and our log-likelihoods; the contexts are long
+    enough that both cut them to the model's 32 tokens."""
+    from gpt.commands.evaluate import main
+    from gpt.run.directory import find_checkpoint
+
+    sample = write_sample(tmp_path / "sample.jsonl", ctx_words=(4, 30))
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "hellaswag_local.yaml").write_text(LOCAL_TASK.format(sample=sample))
+    ckpt = find_checkpoint(gpt2_vocab_run, "latest")
+    args = ["--which", "latest", "--lm-eval", "hellaswag_local", "--lm-eval-include", str(tmp_path / "tasks")]
+    assert main([str(gpt2_vocab_run), *args]) == 0
+    assert "hellaswag_local" in capsys.readouterr().out
+    theirs = json.loads((ckpt / "eval-lm-eval-fp32.json").read_text())
+    items = sorted(theirs["items"]["hellaswag_local"], key=lambda x: x["doc_id"])
+    m = GPT(checkpoint_config(ckpt).model)
+    load_weights(m, ckpt)
+    ours = score_items(m, read_items(sample), get_tokenizer().encode_ordinary, setup("cpu"), context_length=32)
+    assert max(max(n) for n in (r["n_tokens"] for r in ours)) > 0
+    assert any(
+        len(row) == 33
+        for item in read_items(sample)
+        for row in encode_item(item, get_tokenizer().encode_ordinary, 32)[0]
+    )
+    assert len(items) == len(ours) == 20
+    for o, t in zip(ours, items, strict=True):
+        assert t["target"] == o["label"]
+        assert t["acc"] == float(o["acc"] == o["label"]) and t["acc_norm"] == float(o["acc_norm"] == o["label"])
+        assert all(math.isclose(a, b, abs_tol=1e-4) for a, b in zip(o["sum_logprob"], t["loglikelihoods"], strict=True))
+    results = theirs["results"]["hellaswag_local"]
+    summary = summarise(ours)
+    assert math.isclose(results["acc,none"], summary["acc"]) and math.isclose(
+        results["acc_norm,none"], summary["acc_norm"]
+    )
+
+
+def test_lm_eval_names_a_task_it_does_not_know_in_one_line(gpt2_vocab_run, capsys):
+    from gpt.commands.evaluate import main
+
+    assert main([str(gpt2_vocab_run), "--which", "latest", "--lm-eval", "no_such_task_here"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: --lm-eval no_such_task_here: not a task lm-eval knows (")
+    assert "--lm-eval-include DIR adds task YAMLs of your own" in err

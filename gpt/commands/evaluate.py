@@ -16,6 +16,11 @@ evaluator used fp16 autocast; the default here is fp32.
 acc_token_mean, with every item's answers) into eval-hellaswag-<precision>.json, from
 --hellaswag FILE or the validation set cached in ~/.cache/gpt-norm-harness/hellaswag
 ($GPT_NORM_CACHE), fetched there once when a network exists.
+
+--lm-eval TASKS (comma-separated) runs EleutherAI's lm-evaluation-harness on each checkpoint,
+exported to a temporary transformers folder (an optional extra: pip install '.[eval]');
+--lm-eval-include DIR adds task YAMLs of one's own. Its results, with every item's
+log-likelihoods, are kept as eval-lm-eval-fp32.json.
 """
 
 from __future__ import annotations
@@ -68,12 +73,33 @@ def parse_args(argv: list[str] | None):
         help="what to evaluate, repeatable: test_loss (the default), hellaswag",
     )
     parser.add_argument("--hellaswag", type=Path, metavar="FILE", help="HellaSwag items (JSONL), instead of the cache")
+    parser.add_argument(
+        "--lm-eval", metavar="TASKS", help="lm-evaluation-harness tasks, comma-separated (extra: .[eval])"
+    )
+    parser.add_argument("--lm-eval-include", type=Path, metavar="DIR", help="--lm-eval: a folder of task YAMLs")
+    parser.add_argument("--lm-eval-batch-size", type=positive_int, default=8, help="--lm-eval: batch size (default 8)")
     parser.add_argument("--json", help="also write all results to this file")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     if not args.paths and not args.hf:
         parser.error("give at least one run, checkpoint or --hf MODEL")
     return args
+
+
+def lm_eval_checkpoint(ckpt, args, dist) -> dict:
+    """lm-eval's tasks on one checkpoint, on rank 0 (lm-eval runs its own batches; other ranks wait)."""
+    from gpt.publish.lm_eval_bridge import run_lm_eval
+
+    tasks = [t for t in args.lm_eval.split(",") if t]
+    return dist.on_main(
+        lambda: run_lm_eval(
+            ckpt,
+            tasks,
+            include_path=args.lm_eval_include,
+            batch_size=args.lm_eval_batch_size,
+            device=str(dist.device),
+        )
+    )
 
 
 @command
@@ -85,9 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     from gpt.run.directory import resolve_which
     from gpt.run.distributed import setup
 
-    tasks = [
-        TASKS[name] for name in dict.fromkeys([*(["test_loss"] if args.hf else []), *(args.task or ["test_loss"])])
-    ]
+    asked = args.task or ([] if args.lm_eval else ["test_loss"])  # --lm-eval alone runs only lm-eval
+    tasks = [TASKS[name] for name in dict.fromkeys([*(["test_loss"] if args.hf else []), *asked])]
     inputs = TaskInputs(
         EvalOptions(args.precision, args.batch_size, show_progress=not args.quiet),
         RangeOverride(args.data, args.split, args.offset, args.tokens),
@@ -101,12 +126,18 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.hf:
             like = rows.get("test_loss", [None])[0] if rows.get("test_loss") else None
             rows.setdefault("test_loss", []).append(evaluate_hf(name, dist, like, inputs.options, inputs.override))
+        if args.lm_eval:
+            rows["lm-eval"] = [lm_eval_checkpoint(c, args, dist) for c in ckpts]
     finally:
         dist.close()
     if is_rank0():
         for task in tasks:
             if rows.get(task.name):
                 print("\n".join([task.header, *map(task.line, rows[task.name])]))
+        for r in rows.get("lm-eval", []):
+            for name, metrics in r["results"].items():
+                shown = ", ".join(f"{k.split(',')[0]} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
+                print(f"{r['run']} (step {r['step']}) lm-eval {name}: {shown}")
         if args.json:
             with open(args.json, "w") as f:
                 everything = [r for name in rows for r in rows[name]]

@@ -7,7 +7,8 @@ network exists (``fetch_validation``).
 
 Scoring, per item: each ending is appended to the context with a space, both in GPT-2 BPE
 (the context tokens, then the ending's), and the context is cut from the left so that the
-whole fits the model's context. The model's log-probability of each ending's tokens gives
+whole fits the model's context (the model reads the last ``context_length`` tokens before each
+token it predicts). The model's log-probability of each ending's tokens gives
 three choices, each named for what it is:
 
 - ``acc``: the ending with the highest summed log-probability;
@@ -120,13 +121,14 @@ def load_items(path: Path | None = None, fetch: bool = True) -> list[Item]:
 
 
 def encode_item(item: Item, encode, context_length: int) -> tuple[list[list[int]], list[int]]:
-    """Each ending's token sequence (context then ending, cut from the left to ``context_length``) and the
-    number of its last tokens that are the ending's."""
+    """Each ending's token sequence (context then ending, the last ``context_length + 1`` tokens: the model
+    reads all but the last and predicts all but the first, as lm-evaluation-harness cuts it) and the number of
+    its last tokens that are the ending's."""
     ctx = encode(item.ctx)
     rows, ends = [], []
     for ending in item.endings:
         tail = encode(" " + ending)
-        seq = (ctx + tail)[-context_length:]
+        seq = (ctx + tail)[-(context_length + 1) :]
         rows.append(seq)
         ends.append(min(len(tail), len(seq) - 1))  # the first token has no prediction: it cannot be scored
     return rows, ends
@@ -140,9 +142,9 @@ def ending_logprobs(model, rows: list[list[int]], ends: list[int], device) -> li
     ids = torch.zeros(len(rows), width, dtype=torch.long)
     for i, row in enumerate(rows):
         ids[i, : len(row)] = torch.tensor(row)
-    logits = model(ids.to(device))[0].float()  # (N, W, V)
-    logp = F.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:].to(device)[..., None])[..., 0]  # (N, W-1)
-    logp = logp.cpu().double()
+    ids = ids.to(device)
+    logits = model(ids[:, :-1])[0].float()  # (N, W-1, V): each position predicts the next token
+    logp = F.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None])[..., 0].cpu().double()  # (N, W-1)
     return [logp[i, len(row) - 1 - ends[i] : len(row) - 1].tolist() for i, row in enumerate(rows)]
 
 

@@ -1,0 +1,89 @@
+"""EleutherAI's lm-evaluation-harness on a checkpoint: exported to a transformers folder, then lm-eval's API.
+
+An optional extra (``pip install '.[eval]'``: ``lm-eval[hf]`` 0.4). The checkpoint is exported
+with the remote-code layout (``gpt.publish.export``: the model lm-eval loads is the trained one,
+through ``trust_remote_code``) into a temporary folder, and ``lm_eval.simple_evaluate`` runs the
+named tasks on it in fp32. ``include_path`` adds task YAMLs of one's own (a local JSON data set,
+say). The result, lm-eval's metrics per task with every item's log-likelihoods, is kept beside
+the checkpoint as ``eval-lm-eval-fp32.json``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+from gpt.common.errors import UserError, first_line
+from gpt.publish.export import export_checkpoint
+from gpt.run.checkpoints import checkpoint_config, read_info
+from gpt.run.directory import write_eval_result
+
+INSTALL = "pip install '.[eval]' (lm-eval[hf] 0.4)"
+
+
+def item_record(sample: dict) -> dict:
+    """One item as lm-eval logged it: its id, the right choice, each choice's log-likelihood, its metrics."""
+    return {
+        "doc_id": sample["doc_id"],
+        "target": sample.get("target"),
+        "loglikelihoods": [float(r[0]) for r in sample.get("filtered_resps", [])],
+        **{k: sample[k] for k in ("acc", "acc_norm") if k in sample},
+    }
+
+
+def run_lm_eval(
+    ckpt: Path,
+    tasks: list[str],
+    *,
+    include_path: Path | None = None,
+    batch_size: int = 8,
+    device: str = "cpu",
+    write: bool = True,
+) -> dict:
+    """lm-eval's ``tasks`` on checkpoint ``ckpt`` (fp32); the result, kept beside it when ``write``."""
+    try:
+        import lm_eval
+        from lm_eval.tasks import TaskManager
+    except ImportError:
+        raise UserError(f"--lm-eval needs lm-evaluation-harness, an optional extra: {INSTALL}") from None
+    manager = TaskManager(include_path=str(include_path) if include_path else None)
+    unknown = [t for t in tasks if t not in manager.all_tasks]
+    if unknown:  # before the export and the model's loading
+        raise UserError(
+            f"--lm-eval {','.join(unknown)}: not a task lm-eval knows ({len(manager.all_tasks):,} do: "
+            "`lm-eval ls tasks`); --lm-eval-include DIR adds task YAMLs of your own"
+        )
+    cfg = checkpoint_config(ckpt)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="gpt-lm-eval-") as tmp:
+        export_checkpoint(ckpt, Path(tmp), f"local/{cfg.run.name}")
+        try:
+            out = lm_eval.simple_evaluate(
+                model="hf",
+                model_args={"pretrained": tmp, "trust_remote_code": True, "dtype": "float32"},
+                tasks=list(tasks),
+                task_manager=manager,
+                batch_size=batch_size,
+                device=device,
+                log_samples=True,
+            )
+        except (KeyError, ValueError) as e:  # an unknown task name, a task YAML that does not load
+            raise UserError(f"--lm-eval {','.join(tasks)}: {first_line(e)}") from None
+    result = {
+        "run": cfg.run.name,
+        "norm_type": cfg.model.norm_type,
+        "seed": cfg.train.seed,
+        "checkpoint": str(ckpt),
+        "step": read_info(ckpt).get("step"),
+        "split": "lm-eval",
+        "precision": "fp32",
+        "lm_eval_version": getattr(lm_eval, "__version__", None),
+        "tasks": list(tasks),
+        "results": out["results"],
+        "items": {task: [item_record(s) for s in samples] for task, samples in out.get("samples", {}).items()},
+        "seconds": time.perf_counter() - start,
+    }
+    if write:
+        write_eval_result(ckpt, result)
+    return result

@@ -8,9 +8,9 @@ the wings above it in this list (``tests/test_architecture.py`` holds the code t
     model/       the GPT, its norms, its loss (the files the Hub gets verbatim), GPT-2 weights
     data/        tokenizer, corpora, token files and the batches read from them
     run/         one run on disk and on devices: run folder, checkpoints, fingerprint, processes
-    evaluation/  scoring a model on held-out tokens (validation and test loss)
+    evaluation/  scoring a model: held-out loss (validation and test), HellaSwag, the tasks evaluate.py runs
     training/    the training loop, optimizer, schedule, monitors, metrics, and its hooks
-    publish/     a checkpoint as a Hub repository: layouts, card, export, uploads; a whole sweep
+    publish/     a checkpoint as a Hub repository: layouts, card, export, uploads; a whole sweep; lm-eval
     analysis/    comparison of runs: statistics, tables, charts, the sweep, speed benchmarks
     commands/    the front doors: one module per command, each thin
 

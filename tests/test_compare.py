@@ -9,6 +9,7 @@ import sys
 import matplotlib.image
 import numpy as np
 import pytest
+import scipy.stats
 from conftest import ROOT
 
 from gpt.analysis.table import compare
@@ -754,3 +755,62 @@ def test_compare_splits_the_noise_of_a_crossed_design(tmp_path):
         "handrolled_layernorm: 3 initialisation seeds x 4 data-order seeds, incomplete: no evaluated run for "
         "init/data 2/3" in (tmp_path / "out" / "comparison.md").read_text()
     )
+
+
+def hellaswag_result(labels, answers: dict) -> dict:
+    """An eval-hellaswag-fp32.json as evaluate.py --task hellaswag keeps it."""
+    metrics = {m: sum(a == lab for a, lab in zip(answers[m], labels)) / len(labels) for m in answers}
+    return {
+        "split": "hellaswag",
+        "precision": "fp32",
+        "n_items": len(labels),
+        "labels": labels,
+        "answers": answers,
+        **metrics,
+    }
+
+
+def test_hellaswag_columns_intervals_over_seeds_and_the_paired_test_over_items(tmp_path):
+    rng = np.random.default_rng(0)
+    labels = [int(x) for x in rng.integers(0, 4, 60)]
+    metrics = ("acc", "acc_norm", "acc_token_mean")
+    right = {}  # (group, seed, metric) -> per-item 0/1
+    paths = []
+    for group, p_right in (("pytorch_layernorm", 0.30), ("pytorch_rmsnorm", 0.45)):
+        for seed in (0, 1, 2):
+            answers = {}
+            for m in metrics:
+                hit = rng.random(60) < p_right
+                answers[m] = [lab if h else (lab + 1) % 4 for lab, h in zip(labels, hit)]
+                right[group, seed, m] = hit.astype(float)
+            path = make_run(tmp_path, f"{group}-s{seed}", group, seed, loss=3.0 + seed / 100)
+            ckpt = path / "checkpoints" / "step-00000100"
+            (ckpt / "eval-hellaswag-fp32.json").write_text(json.dumps(hellaswag_result(labels, answers)))
+            paths.append(path)
+    result = compare(paths, tmp_path / "out", "pytorch_layernorm")
+    rms = next(g for g in result["groups"] if g["group"] == "pytorch_rmsnorm")["tasks"]["hellaswag"]
+    t = scipy.stats.t.ppf(0.975, 2)
+    for m in metrics:
+        accs = [right["pytorch_rmsnorm", s, m].mean() for s in (0, 1, 2)]
+        mean, sd = np.mean(accs), np.std(accs, ddof=1)
+        got = rms["metrics"][m]
+        assert math.isclose(got["mean"], mean) and math.isclose(got["ci95"][1], mean + t * sd / math.sqrt(3))
+        d = np.mean([right["pytorch_rmsnorm", s, m] for s in (0, 1, 2)], 0) - np.mean(
+            [right["pytorch_layernorm", s, m] for s in (0, 1, 2)], 0
+        )
+        half = scipy.stats.t.ppf(0.975, 59) * np.std(d, ddof=1) / math.sqrt(60)
+        v = rms["vs_baseline"][m]
+        assert math.isclose(v["diff"], d.mean()) and math.isclose(v["low"], d.mean() - half) and v["n"] == 60
+        assert v["mcnemar"] is None  # three seeds each: the paired t over items only
+    md = (tmp_path / "out" / "comparison.md").read_text()
+    assert "## HellaSwag (60 items)" in md and "| group | seeds | acc | acc_norm | acc_token_mean |" in md
+    assert f"| pytorch_rmsnorm | 3 | {rms['metrics']['acc']['mean']:.4f} [" in md
+
+    # one seed each: McNemar's exact test on the items exactly one of the two got right
+    single = compare([paths[0], paths[3]], tmp_path / "out1", "pytorch_layernorm")
+    v = next(g for g in single["groups"] if g["group"] == "pytorch_rmsnorm")["tasks"]["hellaswag"]["vs_baseline"]["acc"]
+    a, b = right["pytorch_rmsnorm", 0, "acc"], right["pytorch_layernorm", 0, "acc"]
+    only_a, only_b = int(((a == 1) & (b == 0)).sum()), int(((a == 0) & (b == 1)).sum())
+    p = scipy.stats.binomtest(only_a, only_a + only_b, 0.5).pvalue
+    assert v["mcnemar"] == {"only_this": only_a, "only_baseline": only_b, "p": p}
+    assert f"McNemar p = {p:.3g} ({only_a} vs {only_b})" in (tmp_path / "out1" / "comparison.md").read_text()

@@ -190,6 +190,12 @@ def test_evaluate_task_hellaswag_keeps_its_result_and_test_loss_is_unchanged(gpt
     )
     assert {k: kept[k] for k in METRICS} == {k: direct[k] for k in METRICS} and kept["n_items"] == 20
     assert len(kept["labels"]) == 20 and set(kept["answers"]) == set(METRICS)
+    # the model card says it
+    from gpt.publish.export import export_checkpoint
+
+    export_checkpoint(ckpt, tmp_path / "export", "me/x")
+    card = (tmp_path / "export" / "README.md").read_text()
+    assert f"- HellaSwag (20 items, fp32, `evaluate.py --task hellaswag`): acc {kept['acc']:.4f} " in card
     # the test loss through the task interface is the function's own, to the last digit
     through_task = json.loads((ckpt / "eval-test-fp32.json").read_text())["loss"]
     assert through_task == evaluate_checkpoint(ckpt, setup("cpu"), write=False)["loss"]

@@ -32,6 +32,7 @@ def markdown(result: dict) -> str:
         "any trained on fewer updates than the rest.",
     ]
     lines += _noise_table(result)
+    lines += _task_lines(result)
     lines += _sources_lines(result["groups"])
     left_out = [(g["group"], x) for g in result["groups"] for x in g["left_out"]]
     if left_out:
@@ -163,6 +164,57 @@ def _main_table(rows: list[dict]) -> list[str]:
             f"{_fmt(g['tokens_per_s_mean'], ',.0f')} | {_fmt(g['wall_seconds_mean'], ',.0f')} | {skipped} | "
             f"{status} |"
         )
+    return lines
+
+
+TASK_TITLES = {"hellaswag": "HellaSwag"}
+METRIC_NOTE = (
+    "acc: the ending with the highest summed log-probability; acc_norm: per character of the ending "
+    "(lm-evaluation-harness's); acc_token_mean: the lowest mean per-token loss (llm.c's, build-nanogpt's). "
+    "Random guessing: 0.25; OpenAI's GPT-2 124M: 0.2955 acc_token_mean."
+)
+
+
+def _accuracy(m: dict) -> str:
+    return f"{_fmt(m['mean'])} [{_fmt(m['ci95'][0])}, {_fmt(m['ci95'][1])}]"
+
+
+def _versus_items(v: dict) -> str:
+    if v["method"] != "paired over items":
+        return v["method"]
+    text = f"{_fmt(v['diff'], '+.4f')} [{_fmt(v['low'], '+.4f')}, {_fmt(v['high'], '+.4f')}]"
+    if v["mcnemar"] is not None:
+        c = v["mcnemar"]
+        text += f", McNemar p = {c['p']:.3g} ({c['only_this']} vs {c['only_baseline']})"
+    return text
+
+
+def _task_lines(result: dict) -> list[str]:
+    """Per task (HellaSwag): each group's accuracies over seeds, and the paired difference over items."""
+    lines = []
+    for task in sorted({t for g in result["groups"] for t in g.get("tasks", {})}):
+        rows = [(g["group"], g["tasks"][task]) for g in result["groups"] if task in g.get("tasks", {})]
+        metrics = list(rows[0][1]["metrics"])
+        lines += ["", f"## {TASK_TITLES.get(task, task)} ({rows[0][1]['n_items']:,} items)", "", METRIC_NOTE, ""]
+        lines += [f"| group | seeds | {' | '.join(metrics)} |", "|---|---|" + "---|" * len(metrics)]
+        lines += [
+            f"| {name} | {t['n_seeds']} | " + " | ".join(_accuracy(t["metrics"][m]) for m in metrics) + " |"
+            for name, t in rows
+        ]
+        lines += [
+            "",
+            f"Against {result['baseline']}, paired over items (per item: the fraction of the group's seeds that "
+            "answered right minus the baseline's; mean and 95% t interval over items; with one seed each, "
+            "McNemar's exact test on the items only one of the two got right):",
+            "",
+            f"| group | {' | '.join(metrics)} |",
+            "|---|" + "---|" * len(metrics),
+        ]
+        lines += [
+            f"| {name} | " + " | ".join(_versus_items(t["vs_baseline"][m]) for m in metrics) + " |"
+            for name, t in rows
+            if t["vs_baseline"]
+        ]
     return lines
 
 

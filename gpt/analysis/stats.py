@@ -43,6 +43,13 @@ def paired(diffs: list[float], level: float = LEVEL) -> dict:
     return {"method": "paired", "diff": mean, "low": mean - half, "high": mean + half, "n": len(diffs), "sd": sd}
 
 
+def mcnemar(only_a: int, only_b: int) -> float:
+    """McNemar's exact two-sided p for paired right/wrong answers: of the items exactly one of two models got
+    right, ``only_a`` went to the first and ``only_b`` to the second; under no difference each is a fair coin."""
+    n = only_a + only_b
+    return 1.0 if n == 0 else float(stats.binomtest(only_a, n, 0.5).pvalue)
+
+
 def welch(xa: list[float], xb: list[float], level: float = LEVEL) -> dict:
     """Difference of means of two unpaired samples, with Welch's t interval."""
     diff = float(np.mean(xa) - np.mean(xb))

@@ -39,6 +39,7 @@ from gpt.analysis.charts import comparison_charts
 from gpt.analysis.report import markdown
 from gpt.common.errors import UserError
 from gpt.config import NORM_TYPES, flatten
+from gpt.evaluation import hellaswag
 from gpt.run.directory import COMPARISON_FILE, COMPLETED, DIVERGED, RunDir, read_eval_result
 from gpt.run.fingerprint import computation, informational, shown
 
@@ -61,6 +62,7 @@ class Run:
     metrics: list[dict]  # its metrics.jsonl records
     evaluation: dict | None  # the evaluation result of the chosen checkpoint; None: not evaluated
     view: dict = field(default_factory=dict)  # what decides its numbers: config and fingerprint (gpt.run.fingerprint)
+    tasks: dict = field(default_factory=dict)  # other tasks' results of the chosen checkpoint: {"hellaswag": ...}
 
     @property
     def data_seed(self) -> int:
@@ -134,8 +136,10 @@ def load_run(
     start = config.get("data.test_offset", 0) if offset is None else offset
     span = None if tokens is None else (start, start + tokens)
     evaluation = read_eval_result(ckpt, split, precision, span) if ckpt is not None else None
+    tasks = {hellaswag.RESULT: read_eval_result(ckpt, hellaswag.RESULT, precision)} if ckpt is not None else {}
+    view = computation(config, summary.get("segments"))
     return Run(
-        path, config, run.status(), summary, run.metrics(), evaluation, computation(config, summary.get("segments"))
+        path, config, run.status(), summary, run.metrics(), evaluation, view, {k: v for k, v in tasks.items() if v}
     )
 
 
@@ -402,6 +406,7 @@ def _row(g: Group, baseline: Group, margin: float | None) -> dict:
         "test_loss_std": sd,
         "test_loss_ci95": [mean - half, mean + half],
         "vs_baseline": _versus(g, baseline, margin),
+        "tasks": task_rows(g, baseline),
         "tokens_per_s_mean": _mean([r.summary.get("tokens_per_s") for r in finished]),
         "wall_seconds_mean": _mean([r.summary.get("wall_seconds") for r in finished]),
         "status": {s: sum(r.status == s for r in g.runs) for s in sorted({r.status for r in g.runs})},
@@ -424,6 +429,44 @@ def _row(g: Group, baseline: Group, margin: float | None) -> dict:
             for r in g.runs
         ],
     }
+
+
+def task_rows(g: Group, baseline: Group) -> dict:
+    """Each task the group's runs were evaluated on (HellaSwag): every metric's mean over seeds with its t
+    interval, and, beside the baseline, the paired difference over items (every model answers the same items)."""
+    out = {}
+    for task in sorted({t for r in g.runs for t in r.tasks}):
+        results = [r.tasks[task] for r in g.runs if r.status == COMPLETED and task in r.tasks]
+        base = [r.tasks[task] for r in baseline.runs if r.status == COMPLETED and task in r.tasks]
+        if not results:
+            continue
+        row = {"n_seeds": len(results), "n_items": results[0]["n_items"], "metrics": {}, "vs_baseline": None}
+        for metric in hellaswag.METRICS:
+            mean, sd, half = stats.mean_interval([x[metric] for x in results])
+            row["metrics"][metric] = {"mean": mean, "sd": sd, "ci95": [mean - half, mean + half]}
+        if g is not baseline and base:
+            row["vs_baseline"] = {metric: items_paired(results, base, metric) for metric in hellaswag.METRICS}
+        out[task] = row
+    return out
+
+
+def items_paired(results: list[dict], base: list[dict], metric: str) -> dict:
+    """The accuracy difference to the baseline, paired over items: per item, the fraction of this group's seeds
+    that answered right minus the baseline's; its mean and t interval over items. With one seed each, also
+    McNemar's exact test on the items exactly one of the two got right."""
+    labels = results[0]["labels"]
+    if any(x["labels"] != labels for x in results + base):
+        return {"method": "not paired: the runs answered different items", "diff": math.nan}
+
+    def right(xs):  # (seeds, items): 1 where the answer is the label
+        return np.array([[a == lab for a, lab in zip(x["answers"][metric], labels)] for x in xs], dtype=float)
+
+    a, b = right(results), right(base)
+    out = {**stats.paired(list(a.mean(0) - b.mean(0))), "method": "paired over items", "mcnemar": None}
+    if len(results) == len(base) == 1:
+        only_a, only_b = int(((a[0] == 1) & (b[0] == 0)).sum()), int(((a[0] == 0) & (b[0] == 1)).sum())
+        out["mcnemar"] = {"only_this": only_a, "only_baseline": only_b, "p": stats.mcnemar(only_a, only_b)}
+    return out
 
 
 def _decayed_norm_params(run: Run) -> int | None:

@@ -41,6 +41,7 @@ from gpt.run.distributed import Dist
 VALIDATION_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 VALIDATION_FILE = "hellaswag_val.jsonl"
 N_VALIDATION = 10_042
+RESULT = "hellaswag"  # its result file beside a checkpoint: eval-hellaswag-<precision>.json
 GPT2_VOCAB = 50_257  # the items are read in GPT-2 BPE: a model needs at least this vocabulary
 METRICS = {
     "acc": "highest summed log-probability of the ending",
@@ -227,7 +228,7 @@ def evaluate_hellaswag(model, items: list[Item], dist: Dist, *, precision: str =
     )
     seconds = time.perf_counter() - start
     return {
-        "split": "hellaswag",
+        "split": RESULT,
         "precision": precision,
         **summarise(per_item),
         "labels": [r["label"] for r in per_item],

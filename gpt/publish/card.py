@@ -35,6 +35,7 @@ class CardFacts:
     data_source: str | None = None  # the token set's source (meta.json), e.g. HuggingFaceFW/fineweb
     layout: Layout = Layout.REMOTE_CODE  # NATIVE_GPT2: the stock GPT2LMHeadModel layout, no remote code
     loss_png: bool = False  # the run's loss chart is uploaded beside the card, as loss.png
+    hellaswag: dict | None = None  # the checkpoint's eval-hellaswag-fp32.json (None: not evaluated on it)
     experiment: dict | None = None  # published with its sweep (gpt.publish.release): its row and the dataset
 
 
@@ -126,6 +127,14 @@ def loss_lines(f: CardFacts) -> list[str]:
             f"of the `{e['split']}` split of {e.get('data_dir', 'the token set')} ({e['n_tokens']:,} "
             f"tokens, {e.get('tokenizer', 'gpt2')} tokenizer), in {e['precision']}, by `evaluate.py`; "
             "none of these tokens was trained or validated on."
+        )
+    h = f.hellaswag
+    if h is not None:
+        lines.append(
+            f"- HellaSwag ({h['n_items']:,} items, {h['precision']}, `evaluate.py --task hellaswag`): acc "
+            f"{h['acc']:.4f} (highest summed log-probability), acc_norm {h['acc_norm']:.4f} (per character, as "
+            f"lm-evaluation-harness), acc_token_mean {h['acc_token_mean']:.4f} (lowest mean token loss, as llm.c); "
+            "random guessing scores 0.25."
         )
     if f.experiment is not None:
         lines += experiment_lines(f.experiment)

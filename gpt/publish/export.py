@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 from gpt.config import Config
 from gpt.data.tokenizer import gpt2_files_dir
 from gpt.data.tokens import read_meta
+from gpt.evaluation.hellaswag import RESULT as HELLASWAG
 from gpt.publish.card import CardFacts, card_text
 from gpt.publish.layouts import Layout, export_weights, hub_config, read_weights, write_code
 from gpt.run.checkpoints import MODEL_FILE, checkpoint_config, read_info
@@ -83,6 +84,7 @@ def card_facts(
         data_source=source if isinstance(source, str) else None,
         layout=layout,
         loss_png=run.loss_chart.is_file(),
+        hellaswag=read_eval_result(ckpt, HELLASWAG, "fp32"),
         experiment=experiment,
     )
 

@@ -278,3 +278,36 @@ def test_lm_eval_names_a_task_it_does_not_know_in_one_line(gpt2_vocab_run, capsy
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: --lm-eval no_such_task_here: not a task lm-eval knows (")
     assert "--lm-eval-include DIR adds task YAMLs of your own" in err
+
+
+def test_the_validation_set_is_fetched_once_into_the_cache(tmp_path, monkeypatch):
+    """From a server on 127.0.0.1 standing in for its public home: fetched whole into the cache, read from
+    there afterwards (no second request)."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    served = tmp_path / "served"
+    served.mkdir()
+    write_sample(served / "hellaswag_val.jsonl", n=5)
+    requests = []
+
+    class Handler(SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            requests.append(self.path)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(served)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("GPT_NORM_CACHE", str(tmp_path / "cache"))
+        url = f"http://127.0.0.1:{server.server_address[1]}/hellaswag_val.jsonl"
+        monkeypatch.setattr("gpt.evaluation.hellaswag.VALIDATION_URL", url)
+        first = load_items()
+        again = load_items()
+    finally:
+        server.shutdown()
+        server.server_close()
+    cached = tmp_path / "cache" / "hellaswag" / "hellaswag_val.jsonl"
+    assert cached.read_bytes() == (served / "hellaswag_val.jsonl").read_bytes()
+    assert first == again == read_items(served / "hellaswag_val.jsonl") and len(first) == 5
+    assert requests == ["/hellaswag_val.jsonl"]  # fetched once

@@ -64,8 +64,10 @@ def hellaswag_cache() -> Path:
     return Path(root) / "hellaswag"
 
 
-def fetch_validation(dest: Path, url: str = VALIDATION_URL, timeout: float = 60.0) -> Path:
-    """Download the validation set into ``dest`` once (whole or not at all); one line if it cannot."""
+def fetch_validation(dest: Path, url: str | None = None, timeout: float = 60.0) -> Path:
+    """Download the validation set (from ``url``, default ``VALIDATION_URL``) into ``dest`` once, whole or
+    not at all; one line if it cannot."""
+    url = url or VALIDATION_URL
     if dest.is_file():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rows = {task.name: [task.evaluate(c, dist, inputs) for c in ckpts] for task in tasks}
         for name in args.hf:
-            like = rows.get("test_loss", [None])[0] if rows.get("test_loss") else None
+            like = (rows.get("test_loss") or [None])[0]  # the first run's range, if a run was evaluated
             rows.setdefault("test_loss", []).append(evaluate_hf(name, dist, like, inputs.options, inputs.override))
         if args.lm_eval:
             rows["lm-eval"] = [lm_eval_checkpoint(c, args, dist) for c in ckpts]

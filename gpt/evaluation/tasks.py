@@ -19,7 +19,7 @@ from gpt.common.errors import UserError
 from gpt.evaluation import hellaswag
 from gpt.evaluation.test_loss import EvalOptions, RangeOverride, evaluate_checkpoint
 from gpt.model.gpt import GPT
-from gpt.run.checkpoints import checkpoint_config, load_weights, read_info
+from gpt.run.checkpoints import checkpoint_config, checkpoint_identity, load_weights
 from gpt.run.directory import write_eval_result
 from gpt.run.distributed import Dist
 
@@ -63,11 +63,7 @@ def evaluate_hellaswag(ckpt: Path, dist: Dist, inputs: TaskInputs) -> dict:
     load_weights(model, ckpt)
     model.to(dist.device)
     result = {
-        "run": cfg.run.name,
-        "norm_type": cfg.model.norm_type,
-        "seed": cfg.train.seed,
-        "checkpoint": str(ckpt),
-        "step": read_info(ckpt).get("step"),
+        **checkpoint_identity(ckpt, cfg),
         "data": str(inputs.hellaswag) if inputs.hellaswag else "validation (cached)",
         **hellaswag.evaluate_hellaswag(model, items, dist, precision=inputs.options.precision),
     }

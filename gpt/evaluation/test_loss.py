@@ -25,7 +25,7 @@ from gpt.evaluation.token_loss import evaluate_loss
 from gpt.model.gpt import GPT
 from gpt.model.gpt2_weights import load_hf_gpt2
 from gpt.model.loss import autocast_for
-from gpt.run.checkpoints import checkpoint_config, load_weights, read_info
+from gpt.run.checkpoints import checkpoint_config, checkpoint_identity, load_weights
 from gpt.run.directory import RunDir, write_eval_result
 from gpt.run.distributed import Dist
 from gpt.run.fingerprint import evaluation_fingerprint
@@ -164,11 +164,7 @@ def evaluate_checkpoint(
     options = dataclasses.replace(options, batch_size=options.batch_size or cfg.train.micro_batch_size)
     result = evaluate_model(model, held_out, tokens, options, dist)
     result = {
-        "run": cfg.run.name,
-        "norm_type": cfg.model.norm_type,
-        "seed": cfg.train.seed,
-        "checkpoint": str(ckpt),
-        "step": read_info(ckpt).get("step"),
+        **checkpoint_identity(ckpt, cfg),
         **result,
         "configured_range": not override.changes(cfg),
     }

@@ -39,6 +39,14 @@ def bounded_session():
     return session
 
 
+def hub_client():
+    """huggingface_hub's client, every request bounded in time (the token: HF_TOKEN or the Hub's login)."""
+    from huggingface_hub import HfApi  # imported when used: training without the Hub never needs it
+
+    bounded_session()
+    return HfApi()
+
+
 def endpoint() -> str:
     from huggingface_hub import constants
 
@@ -95,10 +103,7 @@ def upload_folder(
 ) -> str:
     """Create the repo (and branch) if needed and upload ``folder`` in one commit; returns the commit id.
     Errors are retried ``attempts`` times with doubling waits, then raised as one HubError line."""
-    from huggingface_hub import HfApi  # imported when used: training without a hub repo never needs it
-
-    bounded_session()
-    api = HfApi()
+    api = hub_client()
 
     def upload() -> str:
         api.create_repo(repo_id, private=private, exist_ok=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from gpt.common.errors import UserError, first_line
 from gpt.publish.export import export_checkpoint
-from gpt.run.checkpoints import checkpoint_config, read_info
+from gpt.run.checkpoints import checkpoint_config, checkpoint_identity
 from gpt.run.directory import write_eval_result
 
 INSTALL = "pip install '.[eval]' (lm-eval[hf] 0.4)"
@@ -71,11 +71,7 @@ def run_lm_eval(
         except (KeyError, ValueError) as e:  # an unknown task name, a task YAML that does not load
             raise UserError(f"--lm-eval {','.join(tasks)}: {first_line(e)}") from None
     result = {
-        "run": cfg.run.name,
-        "norm_type": cfg.model.norm_type,
-        "seed": cfg.train.seed,
-        "checkpoint": str(ckpt),
-        "step": read_info(ckpt).get("step"),
+        **checkpoint_identity(ckpt, cfg),
         "split": "lm-eval",
         "precision": "fp32",
         "lm_eval_version": getattr(lm_eval, "__version__", None),

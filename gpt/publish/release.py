@@ -31,8 +31,8 @@ import yaml
 from gpt.common.errors import UserError
 from gpt.publish.card import LICENSE
 from gpt.publish.export import export_checkpoint
-from gpt.publish.hub_api import HubError, UploadError
-from gpt.publish.sync import Item, apply_repo, hub_api, plan_repo, sync_collection
+from gpt.publish.hub_api import HubError, UploadError, hub_client
+from gpt.publish.sync import Item, apply_repo, plan_repo, sync_collection
 from gpt.run.directory import COMPARISON_FILE, COMPLETED, RunDir, eval_result_files, read_eval_result, read_json
 
 DATASET_RUNS = "runs"  # the dataset's folder of per-run files
@@ -171,7 +171,7 @@ def collection_items(sweep: Sweep, names: Names) -> list[Item]:
     return [first, *(Item("model", names.models[r.name], note(r)) for r in sweep.published)]
 
 
-def model_files(sweep: Sweep, r: SweepRun, names: Names, tmp: Path) -> dict[str, Path]:
+def model_files(r: SweepRun, names: Names, tmp: Path) -> dict[str, Path]:
     """The export of ``r``'s checkpoint, its card showing its row of the sweep."""
     folder = tmp / r.name
     row = {"dataset": names.dataset, "run": r.name, "group": r.group, "seed": r.seed, "status": r.status}
@@ -351,12 +351,12 @@ def publish_sweep(
     outcome and left out of the collection; the others are complete. A dry run only reads from the Hub."""
     sweep = read_sweep(folder, comparison, include_failed)
     names = hub_names(sweep, namespace, prefix)
-    api = hub_api()
+    api = hub_client()
     outcome = Outcome({}, [], {}, [], {r.name: r.left_out for r in sweep.runs if r.left_out})
     done = set()
     with tempfile.TemporaryDirectory(prefix="gpt-sweep-") as tmp:
         for r in sweep.published:
-            files = model_files(sweep, r, names, Path(tmp))
+            files = model_files(r, names, Path(tmp))
             plan = plan_repo(api, names.models[r.name], "model", files)
             if publish_repo(
                 api,
@@ -386,8 +386,9 @@ def publish_collection(api, names: Names, items: list[Item], *, private, dry_run
             api, names.namespace, names.title, COLLECTION_DESCRIPTION, items, private=private, dry_run=dry_run
         )
     except HubError as e:
-        outcome.failed[f"collection {names.title!r}"] = getattr(e, "reason", str(e))
-        log(f"collection {names.title!r}: FAILED: {outcome.failed[f'collection {names.title!r}']}")
+        what = f"collection {names.title!r}"
+        outcome.failed[what] = getattr(e, "reason", str(e))
+        log(f"{what}: FAILED: {outcome.failed[what]}")
         return
     if created:
         outcome.collection.append(f"{verb}create collection {names.title!r} in {names.namespace}")

@@ -16,7 +16,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpt.publish.hub_api import bounded_session, retried
+from gpt.publish.hub_api import retried
 
 
 def git_blob_oid(path: Path) -> str:
@@ -31,14 +31,6 @@ def sha256(path: Path) -> str:
         while chunk := f.read(1 << 24):
             h.update(chunk)
     return h.hexdigest()
-
-
-def hub_api():
-    """huggingface_hub's client, every request bounded in time (the token: HF_TOKEN or the Hub's login)."""
-    from huggingface_hub import HfApi  # imported when used: training without the Hub never needs it
-
-    bounded_session()
-    return HfApi()
 
 
 @dataclass

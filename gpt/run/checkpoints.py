@@ -271,6 +271,18 @@ def read_info(ckpt: Path) -> dict:
     return info if isinstance(info, dict) else {}
 
 
+def checkpoint_identity(ckpt: Path, cfg: Config) -> dict:
+    """What names a checkpoint in an evaluation result (test loss, HellaSwag, lm-eval): its run, norm type,
+    seed, folder and step."""
+    return {
+        "run": cfg.run.name,
+        "norm_type": cfg.model.norm_type,
+        "seed": cfg.train.seed,
+        "checkpoint": str(ckpt),
+        "step": read_info(ckpt).get("step"),
+    }
+
+
 def checkpoint_config(ckpt: Path) -> Config:
     path = ckpt / CONFIG_FILE
     if not path.is_file():

@@ -4,9 +4,10 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 from conftest import CONFIGS, ROOT
 
-from gpt.config import load_config
+from gpt.config import ConfigError, config_from_dict, config_to_dict, load_config
 
 
 def run(*args, cwd=ROOT):
@@ -37,10 +38,27 @@ def test_print_config_reloads_to_the_same_config(tmp_path):
     assert load_config(tmp_path / "resolved.yaml") == expected
 
 
-def test_help_config_lists_every_section():
+def test_help_config_is_yaml_that_loads_to_the_defaults(tmp_path):
     out = run("train.py", "--help-config")
-    assert out.returncode == 0
-    assert "norm_eps: 1e-05  # a number; eps of every norm" in out.stdout
+    assert out.returncode == 0, out.stderr
+    assert "  norm_eps: 1.0e-05  # a number; eps of every norm" in out.stdout
+    assert "  init_seed: null  # an integer or null;" in out.stdout and "None" not in out.stdout
+    printed = yaml.safe_load(out.stdout)
+    defaults = config_to_dict(config_from_dict({"run": {"name": "x"}, "train": {"steps": 1}}))
+    for section, keys in defaults.items():  # every key printed, with its default's value and type
+        for key, value in keys.items():
+            shown = printed[section][key]
+            if (section, key) not in (("run", "name"), ("train", "steps")):
+                assert shown == value and type(shown) is type(value), (section, key)
+    assert printed["run"]["name"] is None and printed["train"]["steps"] is None
+    # pasted into a file with the required keys filled in, it loads to the defaults
+    (tmp_path / "all.yaml").write_text(out.stdout)
+    assert load_config(tmp_path / "all.yaml", ["run.name=x", "train.steps=1"]) == config_from_dict(
+        {"run": {"name": "x"}, "train": {"steps": 1}}
+    )
+    # left as printed, the required name stops the load in one line
+    with pytest.raises(ConfigError, match=r"all.yaml: run.name: missing required value"):
+        load_config(tmp_path / "all.yaml", ["train.steps=1"])
 
 
 @pytest.mark.slow

@@ -231,7 +231,7 @@ def _build(cls: type, data: Any, prefix: str, sources: dict[str, str], root: str
         if dataclasses.is_dataclass(tp):
             values[f.name] = _build(tp, data.get(f.name, {}), f"{prefix}{f.name}.", sources, root)
             continue
-        if f.name not in data:
+        if f.name not in data or (data[f.name] is None and f.default is REQUIRED):  # --help-config prints null
             if f.default is REQUIRED:
                 fail(f.name, f"missing required value ({f.metadata['doc']})")
             continue
@@ -293,15 +293,28 @@ def dump_config(cfg: Config) -> str:
     return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
 
 
+def _yaml_value(value: Any) -> str:
+    """``value`` as one line of YAML that reads back as the same value: ``null``, ``false``, ``1.0e-05``, ``[]``."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=math.inf)
+    return text.removesuffix("\n").removesuffix("\n...").strip()
+
+
 def describe_fields() -> str:
-    """Every config key with its type, default and doc (``train.py --help-config``)."""
-    lines = []
+    """Every config key with its default, type and doc, as YAML (``train.py --help-config``): pasted into a
+    file with the required keys filled in, it loads to the defaults."""
+    lines = [
+        "# Every config key with its default (train.py --help-config). Valid YAML: fill in run.name and one of",
+        "# train.tokens / train.steps / train.tokens_per_param, delete what you keep at its default.",
+    ]
     for section in dataclasses.fields(Config):
         cls = typing.get_type_hints(Config)[section.name]
         lines.append(f"{section.name}:  # {cls.__doc__.strip()}")
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            required = default is REQUIRED
+            value = _yaml_value(None if required else default)
             extra = f" (one of: {', '.join(f.metadata['choices'])})" if f.metadata["choices"] else ""
-            lines.append(f"  {f.name}: {default!r}  # {_type_name(hints[f.name])}{extra}; {f.metadata['doc']}")
+            must = "required; " if required else ""
+            lines.append(f"  {f.name}: {value}  # {must}{_type_name(hints[f.name])}{extra}; {f.metadata['doc']}")
     return "\n".join(lines)

@@ -131,6 +131,7 @@ def make_run(
                     "split": split,
                     "offset": offset,
                     "n_tokens": n_tokens,
+                    "targets_scored": n_tokens - 40,
                     "tokenizer": tokenizer,
                     "data_dir": "data/x",
                     "precision": "fp32",
@@ -212,6 +213,7 @@ def test_outputs_are_written(runs, tmp_path):
     assert "| pytorch_layernorm | 3 (0, 1, 2) | 3.575000 | 0.005000 | baseline |" in md
     assert "| handrolled_layernorm | 3 (0, 1, 2) | 3.600000 | 0.010000 | +0.025000 [" in md and "paired" in md
     assert md in res.stdout
+    assert "Test loss: mean cross-entropy of the 960 tokens scored (each predicted from those before it) in test " in md
     data = json.loads((out / "comparison.json").read_text())
     assert data["baseline"] == "pytorch_layernorm" and len(data["groups"]) == 4
     for name in ("train_loss.png", "val_loss.png", "grad_norm.png", "test_loss.png"):

@@ -238,7 +238,7 @@ def test_config_from_dict_and_field_docs():
     docs = describe_fields()
     for section in ("model:", "data:", "optim:", "train:", "run:", "log:", "hub:"):
         assert f"\n{section}" in "\n" + docs
-    assert "norm_type: 'handrolled_layernorm'  # a string (one of: handrolled_layernorm," in docs
+    assert "norm_type: handrolled_layernorm  # a string (one of: handrolled_layernorm," in docs
 
 
 def test_schedule_holes_and_infinite_numbers(base, tmp_path):

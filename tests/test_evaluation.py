@@ -17,7 +17,7 @@ from gpt.data.tokens import TokenFile, TokenRange
 from gpt.evaluation.test_loss import EvalOptions, RangeOverride, evaluate_checkpoint
 from gpt.evaluation.token_loss import evaluate_loss
 from gpt.model.gpt import GPT
-from gpt.run.directory import find_checkpoint, resolve_which
+from gpt.run.directory import find_checkpoint, read_eval_result, resolve_which
 from gpt.run.distributed import Dist
 from gpt.training.loop import train
 
@@ -87,9 +87,10 @@ def test_repeat_and_world_sizes_agree_exactly(trained, tmp_path):
         torch.set_num_threads(threads)
     assert a["loss"] == b["loss"] == c["loss"]  # bit-identical, not just close
     assert c["world_size"] == 2 and a["world_size"] == 1
-    assert a["tokens"] == (5000 - 1) // 32 * 32 and a["split"] == "test" and a["precision"] == "fp32"
+    assert a["targets_scored"] == (5000 - 1) // 32 * 32 and a["split"] == "test" and a["precision"] == "fp32"
     assert a["perplexity"] == pytest.approx(math.exp(a["loss"]))
     assert f"{a['loss']:.6f}" in first.stdout and "evalrun" in first.stdout
+    assert "tokens scored" in first.stdout and f" {a['targets_scored']:,} " in first.stdout  # the count kept
     written = json.loads((find_checkpoint(trained) / "eval-test-fp32.json").read_text())
     assert written["loss"] == a["loss"] and written["step"] == 8 and written["range"] == [0, 5000]
 
@@ -151,7 +152,7 @@ def test_hf_gpt2_is_scored_on_the_same_tokens(tmp_path, token_set):
         EvalOptions("fp32", 4, show_progress=False),
         RangeOverride(data=str(token_set), split="test", n_tokens=1000),
     )
-    assert result["run"] == f"hf:{tmp_path / 'hf-tiny'}" and result["tokens"] == (1000 - 1) // 32 * 32
+    assert result["run"] == f"hf:{tmp_path / 'hf-tiny'}" and result["targets_scored"] == (1000 - 1) // 32 * 32
     tokens = np.fromfile(token_set / "test.bin", dtype=np.uint16)[:1000].astype(np.int64)
     n_seq = (1000 - 1) // 32
     seqs = torch.tensor(np.stack([tokens[i * 32 : i * 32 + 33] for i in range(n_seq)]))
@@ -161,3 +162,10 @@ def test_hf_gpt2_is_scored_on_the_same_tokens(tmp_path, token_set):
     assert abs(result["loss"] - expected) <= 1e-5
     with pytest.raises(UserError, match="--hf needs the tokens to score"):
         evaluate_hf("gpt2", Dist(), None, EvalOptions("fp32", 4))
+
+
+def test_a_result_written_before_the_count_was_named_reads_as_tokens_scored(tmp_path):
+    # results kept the count of tokens scored as "tokens" before it was named for what it counts
+    (tmp_path / "eval-test-fp32.json").write_text(json.dumps({"loss": 3.5, "tokens": 32_704, "n_tokens": 32_768}))
+    result = read_eval_result(tmp_path, "test", "fp32")
+    assert result == {"loss": 3.5, "targets_scored": 32_704, "n_tokens": 32_768}

@@ -54,7 +54,7 @@ def stand_in(rows: int, pause: float, kind: str = "step", code: int = 0, error: 
         for i in range({rows}):
             time.sleep({pause})
             row = {{"mode": "{kind}", "norm_type": "n%d" % i, "compile": False, "ms_per_step": 10.0 + i,
-                    "tokens_per_s": 1000.0, "mfu": 0.4, "peak_memory_bytes": 2**30}}
+                    "tokens_per_s": 1000.0, "mfu": 0.4, "peak_cuda_allocated_bytes": 2**30}}
             if {error} and i == 0:
                 row = {{"mode": "{kind}", "norm_type": "n0", "compile": False, "error": "OutOfMemoryError: x"}}
             with open(sys.argv[1], "a") as f:
@@ -92,6 +92,7 @@ def test_a_budget_that_cuts_the_run_keeps_every_finished_row(tmp_path):
     for skipped in ("tests", "compiled", "micro_batch"):
         assert lines[skipped].split()[1] == "skipped" and "s were left)" in lines[skipped]
     assert f"rows.jsonl ({len(rows)} rows" in summary
+    assert lines["step"].split()[-4:] == ["1.00", "-", "CUDA", "alloc"]  # 1 GiB, the CUDA allocator's peak
     assert len(list(out.iterdir())) <= 6 and {p.name for p in out.iterdir()} <= set(FILES)
 
 

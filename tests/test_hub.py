@@ -166,6 +166,15 @@ def test_the_card_is_valid_metadata_and_holds_the_test_loss(runs, hub):
     result = card.data.eval_results[0]
     assert (result.metric_type, result.metric_value) == ("loss", round(evaluation["loss"], 6))
     assert f"**Held-out test loss: {evaluation['loss']:.4f}**" in card.text
+    # the tokens scored: the count the evaluator printed and kept, in the text and in the metadata
+    scored = evaluation["targets_scored"]
+    t = load_config(run / "config.yaml").model.context_length
+    assert scored == (evaluation["n_tokens"] - 1) // t * t
+    assert f"the {scored:,} tokens scored (each predicted from those before it)" in card.text
+    assert result.metric_name == f"held-out test loss (nats/token, {scored:,} tokens scored)"
+    # the peak memory, named for what it measured: a CPU run's resident set
+    summary = json.loads((run / "summary.json").read_text())
+    assert f"peak memory {summary['peak_rss_bytes'] / 2**30:.2f} GiB, the process's peak resident set" in card.text
     assert "![training and validation loss](loss.png)" in card.text and "trust_remote_code=True" in card.text
 
 

@@ -77,7 +77,10 @@ def test_short_run_learns_and_writes_every_file(train_yaml, tmp_path):
     assert saved["status"] == "completed" and saved["steps"] == 20 and saved["tokens"] == 20 * 256
     assert saved["final_train_loss"] == records[-1]["train_loss"]
     assert saved["best_val_loss"] == min(r["val_loss"] for r in records if "val_loss" in r)
-    assert saved["tokens_per_s"] > 0 and saved["wall_seconds"] > 0 and saved["peak_memory_bytes"] > 0
+    assert saved["tokens_per_s"] > 0 and saved["wall_seconds"] > 0
+    # on the CPU the peak memory is the resident set (Python and torch alone hold more than 50 MB), under its
+    # own key: never under the key of the CUDA allocator's peak
+    assert saved["peak_rss_bytes"] > 50 * 2**20 and "peak_cuda_allocated_bytes" not in saved
     assert saved["world_size"] == 1 and saved["device"]
     [segment] = saved["segments"]  # one process, one segment: its fingerprint
     assert segment["from_step"] == 0 and segment["software"]["torch"] == torch.__version__

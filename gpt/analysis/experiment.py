@@ -144,7 +144,7 @@ def evaluate_cell(cell: Cell, nproc: int, log, where: str) -> None:
         subprocess.run(evaluate_command(cell, nproc), check=True)
     else:
         result = evaluate_checkpoint(ckpt, setup(cell.cfg.run.device), EvalOptions(show_progress=False))
-        log(f"{where}: test loss {result['loss']:.6f} on {result['tokens']:,} tokens")
+        log(f"{where}: test loss {result['loss']:.6f} on {result['targets_scored']:,} tokens scored")
 
 
 def run_sweep(

@@ -39,7 +39,7 @@ from gpt.data.tokens import resolve_data_dir, write_random_set
 from gpt.model.gpt import GPT
 from gpt.model.loss import autocast_for
 from gpt.model.norms import make_norm
-from gpt.run.distributed import Dist, device_name, peak_memory_bytes
+from gpt.run.distributed import Dist, device_name, peak_memory
 from gpt.run.fastpath import auto_precision
 from gpt.training.loop import Trainer
 from gpt.training.micro_batch import free_memory, stepping_config
@@ -100,7 +100,7 @@ def time_steps(cfg: Config, dist: Dist, data_dir: Path, ready: bool, steps: int,
             "tokens_per_s": steps * cfg.tokens_per_step / sum(seconds[warmup:]),
             "flops_per_token": trainer.model.flops_per_token(),
             "precision": trainer.fast.precision,
-            "peak_memory_bytes": peak_memory_bytes(dist.device),
+            **peak_memory(dist.device),
         }
     finally:
         trainer.release()

@@ -34,6 +34,7 @@ import torch
 from gpt.commands.cli import add_overrides, command, config_from_args, is_rank0, parser_for
 from gpt.common.errors import UserError
 from gpt.config import NORM_TYPES
+from gpt.run.distributed import PEAK_MEMORY, peak_memory_of
 
 COMPILE_CHOICES = {"on": [True], "off": [False], "both": [False, True]}
 
@@ -199,20 +200,22 @@ def table(rows: list[dict]) -> str:
         ]
         return "\n".join(lines)
     peak = f"{r0['peak_tflops']:g} TFLOP/s bf16 peak" if r0["peak_tflops"] else "no known peak: no MFU"
+    memory_key = (peak_memory_of(r0) or ("peak_rss_bytes", 0))[0]
+    short, meaning = PEAK_MEMORY[memory_key]
     lines = [
         f"{r0['config']}: {r0['device']} x {r0['world_size']} ({peak}), {r0['precision']}, "
         f"{r0['tokens_per_step']:,} tokens/step (micro-batch {r0['micro_batch']}), {r0['data']} data, "
         f"median of {r0['steps']} steps after {r0['warmup']}; {r0['flops_per_token'] / 1e9:.4g} GFLOP/token; "
-        f"torch {torch.__version__}",
+        f"{short} GiB: {meaning}; torch {torch.__version__}",
         f"{'norm_type':<28}{'compile':>8}{'tokens/s':>12}{'ms/step':>10}{'p10-p90 ms':>20}{'MFU':>7}"
-        f"{'peak GiB':>10}{'compile s':>11}{ratio:>25}",
+        f"{short + ' GiB':>15}{'compile s':>11}{ratio:>25}",
     ]
     lines += [
         _error_line(r)
         if "error" in r
         else f"{r['norm_type']:<28}{'on' if r['compile'] else 'off':>8}{r['tokens_per_s']:>12,.0f}"
         f"{r['ms_per_step']:>10.1f}{r['ms_p10']:>9.1f} - {r['ms_p90']:<8.1f}{_num(r['mfu'], '.1%'):>7}"
-        f"{r['peak_memory_bytes'] / 2**30:>10.2f}{_num(r['compile_s'], '.1f'):>11}"
+        f"{r[memory_key] / 2**30:>15.2f}{_num(r['compile_s'], '.1f'):>11}"
         f"{_num(r['time_vs_handrolled_layernorm'], '.3f'):>25}"
         for r in rows
     ]

@@ -42,6 +42,7 @@ from gpt.analysis.stages import SKIPPED, Outcome, Stage, run_stages
 from gpt.commands.cli import command, parser_for
 from gpt.common.errors import UserError
 from gpt.config import NORM_TYPES
+from gpt.run.distributed import PEAK_MEMORY, peak_memory_of
 
 BUDGET_S = 540  # one device call may run 600 s: leave room for the machine's own start and the copy back
 QUICK_BUDGET_S = 230  # --quick: under 4 minutes
@@ -226,7 +227,7 @@ def row_lines(rows: list[dict]) -> list[str]:
     lines = [
         f"rows.jsonl ({len(rows)} rows; step rows on {rows[-1].get('device', '?')}):",
         f"{'mode':<6}{'norm_type':<27}{'compile':>8}{'tokens/s':>12}{'ms':>10}{'MFU':>7}{'peak GiB':>10}"
-        f"{'vs handrolled LN':>18}",
+        f"{'vs handrolled LN':>18}  memory",
     ]
     for r in rows:
         head = f"{r['mode']:<6}{r['norm_type']:<27}{'on' if r['compile'] else 'off':>8}"
@@ -234,11 +235,12 @@ def row_lines(rows: list[dict]) -> list[str]:
             lines.append(f"{head}  failed: {r['error']}")
             continue
         b = base.get((r["mode"], r["compile"]))
-        tokens, mfu, memory = r.get("tokens_per_s"), r.get("mfu"), r.get("peak_memory_bytes")
+        tokens, mfu, memory = r.get("tokens_per_s"), r.get("mfu"), peak_memory_of(r)
         lines.append(
             f"{head}{_num(tokens, ',.0f', 12)}{r['ms_per_step']:>10.3f}{_num(mfu, '.1%', 7)}"
-            f"{_num(memory / 2**30 if memory else None, '.2f', 10)}"
+            f"{_num(memory[1] / 2**30 if memory else None, '.2f', 10)}"
             f"{_num(r['ms_per_step'] / b if b else None, '.3f', 18)}"
+            f"{'  ' + PEAK_MEMORY[memory[0]][0] if memory else ''}"
         )
     return lines
 

@@ -45,7 +45,7 @@ class Task:
 
 def test_loss_line(r: dict) -> str:
     return (
-        f"{r['run']:<36}{r['norm_type']:<28}{str(r['step']):>7}{r['split']:>12}{r['tokens']:>13,}"
+        f"{r['run']:<36}{r['norm_type']:<28}{str(r['step']):>7}{r['split']:>12}{r['targets_scored']:>15,}"
         f"{r['precision']:>6}{r['loss']:>11.6f}{r['perplexity']:>10.2f}"
     )
 
@@ -84,7 +84,7 @@ TASKS = {
         "test_loss",
         "the run's token set: data.test_split from data.test_offset (--data, --split, --offset, --tokens)",
         lambda ckpt, dist, inputs: evaluate_checkpoint(ckpt, dist, inputs.options, inputs.override),
-        f"{'run':<36}{'norm_type':<28}{'step':>7}{'split':>12}{'tokens':>13}{'prec':>6}{'loss':>11}{'ppl':>10}",
+        f"{'run':<36}{'norm_type':<28}{'step':>7}{'split':>12}{'tokens scored':>15}{'prec':>6}{'loss':>11}{'ppl':>10}",
         test_loss_line,
     ),
     "hellaswag": Task(

@@ -137,7 +137,7 @@ def evaluate_model(model: GPT, held_out: HeldOutRange, tokens: TokenRange, optio
     return {
         "loss": loss,
         "perplexity": math.exp(loss) if loss < 700 else math.inf,
-        "tokens": scored,
+        "targets_scored": scored,  # tokens predicted from those before them: the loss is their mean
         **asdict(held_out),
         "range": [held_out.offset, held_out.offset + held_out.n_tokens],
         "precision": options.precision,

@@ -16,6 +16,7 @@ import yaml
 
 from gpt.config import Config
 from gpt.publish.layouts import Layout
+from gpt.run.distributed import PEAK_MEMORY, peak_memory_of
 
 LICENSE = "mit"
 
@@ -68,7 +69,7 @@ def metadata(cfg: Config, f: CardFacts) -> dict:
                             {
                                 "type": "loss",
                                 "value": round(e["loss"], 6),
-                                "name": f"held-out test loss (nats/token, {e['n_tokens']:,} tokens)",
+                                "name": f"held-out test loss (nats/token, {e['targets_scored']:,} tokens scored)",
                             }
                         ],
                     }
@@ -110,9 +111,15 @@ def model_lines(cfg: Config, f: CardFacts) -> list[str]:
         f"- Data: {f.data_source or cfg.data.hub_repo or cfg.data.path}.",
         f"- Hardware: {s.get('world_size', '?')} x {s.get('device', '?')}; wall time "
         f"{_duration(s.get('wall_seconds'))}; "
-        f"{_fmt(s.get('tokens_per_s'), ',.0f')} tokens/s (steady state).",
+        f"{_fmt(s.get('tokens_per_s'), ',.0f')} tokens/s (steady state){_memory(s)}.",
         "",
     ]
+
+
+def _memory(summary: dict) -> str:
+    """The run's peak memory, saying what was measured (an allocator's peak and a resident set differ)."""
+    memory = peak_memory_of(summary)
+    return f"; peak memory {memory[1] / 2**30:.2f} GiB, {PEAK_MEMORY[memory[0]][1]}" if memory else ""
 
 
 def loss_lines(f: CardFacts) -> list[str]:
@@ -123,10 +130,10 @@ def loss_lines(f: CardFacts) -> list[str]:
     else:
         lines.append(
             f"- **Held-out test loss: {e['loss']:.4f}** nats/token (perplexity {math.exp(e['loss']):.2f}): "
-            f"the token-weighted mean cross-entropy over tokens [{e['range'][0]:,}, {e['range'][1]:,}) "
-            f"of the `{e['split']}` split of {e.get('data_dir', 'the token set')} ({e['n_tokens']:,} "
-            f"tokens, {e.get('tokenizer', 'gpt2')} tokenizer), in {e['precision']}, by `evaluate.py`; "
-            "none of these tokens was trained or validated on."
+            f"the mean cross-entropy of the {e['targets_scored']:,} tokens scored (each predicted from those "
+            f"before it) in tokens [{e['range'][0]:,}, {e['range'][1]:,}) of the `{e['split']}` split of "
+            f"{e.get('data_dir', 'the token set')} ({e.get('tokenizer', 'gpt2')} tokenizer), in {e['precision']}, "
+            "by `evaluate.py`; none of these tokens was trained or validated on."
         )
     h = f.hellaswag
     if h is not None:

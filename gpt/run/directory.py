@@ -344,7 +344,12 @@ def comparisons_beside(run: RunDir) -> list[Path]:
 
 def read_eval_result(ckpt: Path, split: str, precision: str, span: tuple[int, int] | None = None) -> dict | None:
     path = eval_result_file(ckpt, split, precision, span)
-    return read_json(path, "evaluation result") if path.is_file() else None
+    if not path.is_file():
+        return None
+    result = read_json(path, "evaluation result")
+    if "tokens" in result and "targets_scored" not in result:  # written before the count was named for what it is
+        result["targets_scored"] = result.pop("tokens")
+    return result
 
 
 def write_eval_result(ckpt: Path, result: dict) -> bool:

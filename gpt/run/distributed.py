@@ -100,11 +100,24 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
 
 
-def peak_memory_bytes(device: torch.device) -> int:
-    """Peak GPU memory allocated by this process, or its peak resident memory on the CPU."""
+# Peak memory is kept under a key that says what was measured; each key's short name and meaning.
+PEAK_MEMORY = {
+    "peak_cuda_allocated_bytes": ("CUDA alloc", "the CUDA allocator's peak on one GPU (tensors; not its cache)"),
+    "peak_rss_bytes": ("RSS", "the process's peak resident set (CPU: Python, libraries, data and model)"),
+}
+
+
+def peak_memory(device: torch.device) -> dict[str, int]:
+    """This process's peak memory, under the key of what was measured (``PEAK_MEMORY``): the CUDA
+    allocator's peak on a GPU, the peak resident set on the CPU. They are not comparable."""
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return {"peak_cuda_allocated_bytes": torch.cuda.max_memory_allocated(device)}
+    return {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}  # Linux: KiB
+
+
+def peak_memory_of(record: dict) -> tuple[str, int] | None:
+    """(key, bytes) of the peak memory a summary or benchmark row holds; None if it holds none."""
+    return next(((key, record[key]) for key in PEAK_MEMORY if record.get(key) is not None), None)
 
 
 def pick_device(choice: str, local_rank: int = 0) -> torch.device:

@@ -57,7 +57,7 @@ from gpt.run.checkpoints import (
     tidy,
 )
 from gpt.run.directory import COMPLETED, DIVERGED, INTERRUPTED, RUNNING, RunDir
-from gpt.run.distributed import Dist, device_name, peak_memory_bytes, setup
+from gpt.run.distributed import Dist, device_name, peak_memory, setup
 from gpt.run.fastpath import apply_tf32, resolve
 from gpt.run.fingerprint import check_resume, take
 from gpt.run.random_state import rng_state, set_rng_state
@@ -674,7 +674,7 @@ class Trainer:
             "first_step_seconds": self.first_step_seconds,
             "world_size": dist.world_size,
             "device": device_name(dist.device),
-            "peak_memory_bytes": peak_memory_bytes(dist.device),
+            **peak_memory(dist.device),
             **self.token_ranges(),
             "segments": self.segments,  # every process's fingerprint: versions, hardware, data, code
         }

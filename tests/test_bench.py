@@ -42,6 +42,8 @@ STEP_FIELDS = {
     "first_step_s",
     "compile_s",
     "time_vs_handrolled_layernorm",
+    "run_tokens",
+    "run_hours",
 }
 
 
@@ -134,6 +136,8 @@ def test_bench_json_rows_hold_every_field():
         )
         assert r["mfu"] is None and r["peak_tflops"] is None  # a CPU has no bf16 peak in the table
         assert r["compile_s"] is None and r["first_step_s"] > 0 and r["peak_rss_bytes"] > 50 * 2**20
+        # the whole run of tiny.yaml (200 steps of 8 x 128 tokens) at this row's measured speed
+        assert r["run_tokens"] == 200 * 8 * 128 and r["run_hours"] == r["run_tokens"] / r["tokens_per_s"] / 3600
     assert rows[0]["time_vs_handrolled_layernorm"] == 1.0
     assert rows[1]["time_vs_handrolled_layernorm"] == pytest.approx(rows[1]["ms_per_step"] / rows[0]["ms_per_step"])
 
@@ -166,6 +170,12 @@ def test_bench_with_a_peak_gives_mfu_and_the_table(train_yaml):
     assert "(0.001 TFLOP/s bf16 peak), fp32, 256 tokens/step (micro-batch 4), ready data" in header
     assert columns.split()[:4] == ["norm_type", "compile", "tokens/s", "ms/step"]
     assert row.split()[0] == "handrolled_layernorm" and row.split()[7].endswith("%")  # MFU, given a peak
+    # the memory column says what it measured; h/run is the config's whole run at this speed
+    cfg = load_config(train_yaml())
+    assert "RSS GiB: the process's peak resident set (CPU: " in header
+    assert f"h/run: hours a whole run of {cfg.train.steps * 256:,} tokens takes at this speed" in header
+    assert columns.split()[7:9] == ["RSS", "GiB"] and columns.split()[11] == "h/run"
+    assert float(row.split()[8]) > 0.05 and float(row.split()[10]) >= 0
 
 
 def test_norms_only_rows():

@@ -382,25 +382,25 @@ def test_a_hub_that_is_down_leaves_no_staged_copies(train_yaml, tmp_path):
     closed.bind(("127.0.0.1", 0))
     port = closed.getsockname()[1]
     closed.close()  # nothing listens there: every connection is refused at once
-    yaml = long_yaml(train_yaml, tmp_path, "down", steps=20, checkpoint_every=2, log_every=5, extra=HUB_YAML)
+    yaml = long_yaml(train_yaml, tmp_path, "down", steps=8, checkpoint_every=2, log_every=4, extra=HUB_YAML)
     out = run_cli(ROOT / "train.py", yaml, env=hub_env(tmp_path, f"http://127.0.0.1:{port}"))
     assert out.returncode == 0, out.stderr
     run = tmp_path / "down"
     summary = json.loads((run / "summary.json").read_text())
-    assert len(summary["hub"]["failed"]) == 11 and summary["hub"]["left"] == []  # 10 checkpoints and main
+    assert len(summary["hub"]["failed"]) == 5 and summary["hub"]["left"] == []  # 4 checkpoints and main
     assert not (run / ".hub-staging").exists()
     warning = out.stderr.strip().splitlines()
     assert len(warning) == 1 and len(warning[0]) < 400, out.stderr  # one line, each reason once, with counts
     assert (
-        f"Hub uploads to me/stops at http://127.0.0.1:{port}: 11 failed (step-00000002, step-00000004, "
-        "step-00000006 and 8 more)" in warning[0]
+        f"Hub uploads to me/stops at http://127.0.0.1:{port}: 5 failed (step-00000002, step-00000004, "
+        "step-00000006 and 2 more)" in warning[0]
     )
     assert f"the Hub at http://127.0.0.1:{port} did not answer; check the network, or HF_ENDPOINT" in warning[0]
     assert "token" not in warning[0]
     # a kill leaves staged copies (one whole, one cut short): the next start queues the whole one, drops the other
     staging = run / ".hub-staging"
-    shutil.copytree(run / "checkpoints" / "step-00000020", staging / "step-00000020-step-00000020")
-    (staging / "step-00000018-step-00000018").mkdir(parents=True)
+    shutil.copytree(run / "checkpoints" / "step-00000008", staging / "step-00000008-step-00000008")
+    (staging / "step-00000006-step-00000006").mkdir(parents=True)
     out = run_cli(ROOT / "train.py", yaml, "--resume", "auto", env=hub_env(tmp_path, f"http://127.0.0.1:{port}"))
     assert out.returncode == 0, out.stderr
     assert not staging.exists()

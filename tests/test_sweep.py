@@ -79,6 +79,10 @@ def test_dry_run_prints_commands(grid_cfg, tmp_path):
             "2",
             "--runs-dir",
             str(tmp_path / "r"),
+            "--baseline",
+            "no_norm",
+            "--equivalence-margin",
+            "0.01",
             "--dry-run",
         ],
         capture_output=True,
@@ -95,6 +99,7 @@ def test_dry_run_prints_commands(grid_cfg, tmp_path):
         and "-m gpt.commands.evaluate" in lines[1]
         and "-m gpt.commands.compare" in lines[4]
     )
+    assert lines[4].endswith(f"--out {tmp_path / 'r' / 'grid-comparison'} --baseline no_norm --equivalence-margin 0.01")
 
 
 def test_crossed_seeds_split_the_noise(grid_cfg, tmp_path):

@@ -197,6 +197,8 @@ def run_sweep(
                     *[str(c.run.path) for c in cells],
                     "--out",
                     str(out),
+                    *(["--baseline", baseline] if baseline else []),
+                    *(["--equivalence-margin", f"{equivalence_margin:g}"] if equivalence_margin is not None else []),
                     *[a for key in allow_differ for a in ("--allow-differ", key)],
                 ]
             )

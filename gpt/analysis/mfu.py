@@ -1,6 +1,7 @@
 """Speed arithmetic: step-time statistics, model FLOPs utilisation, and the chips' peaks.
 
-MFU = model FLOPs per token x tokens/s / (peak FLOP/s per GPU x GPUs). The model FLOPs
+MFU = model FLOPs per token x tokens/s / (peak FLOP/s per GPU x GPUs); solved for the time,
+it estimates a run's hours before a GPU has measured its tokens/s (``train_hours``). The model FLOPs
 are ``GPT.flops_per_token`` (the useful work of the model, whatever the kernels do
 besides); the peak is the chip's dense bf16 tensor-core peak from its data sheet, looked
 up by the name torch reports. A chip not in the table gets no MFU (``--peak-tflops``
@@ -35,6 +36,12 @@ def mfu(flops_per_token: float, tokens_per_s: float, peak: float | None, n_devic
     if peak is None:
         return None
     return flops_per_token * tokens_per_s / (peak * 1e12 * n_devices)
+
+
+def train_hours(tokens: float, flops_per_token: float, peak: float, n_devices: int, mfu: float) -> float:
+    """Hours to train ``tokens`` on ``n_devices`` of ``peak`` TFLOP/s at model FLOPs utilisation ``mfu``:
+    the MFU formula solved for the time. An estimate, until bench.py measures tokens/s (its h/run)."""
+    return tokens * flops_per_token / (mfu * peak * 1e12 * n_devices) / 3600
 
 
 def percentile(values: list[float], q: float) -> float:

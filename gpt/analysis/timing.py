@@ -99,6 +99,7 @@ def time_steps(cfg: Config, dist: Dist, data_dir: Path, ready: bool, steps: int,
             **step_stats(seconds[warmup:]),
             "tokens_per_s": steps * cfg.tokens_per_step / sum(seconds[warmup:]),
             "flops_per_token": trainer.model.flops_per_token(),
+            "params_outside_norms": trainer.model.num_params(norms=False),  # for the run's length
             "precision": trainer.fast.precision,
             **peak_memory(dist.device),
         }
@@ -158,7 +159,9 @@ def step_rows(
                     "data": data,
                     "peak_tflops": peak,
                 }
-                measure = functools.partial(step_numbers, c, dist, data_dir, data, steps, warmup, peak)
+                # the run this row times a few steps of, at its full length
+                run_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, norm_type=norm_type))
+                measure = functools.partial(step_numbers, c, run_cfg, dist, data_dir, data, steps, warmup, peak)
                 rows.append(measured(row, measure, dist.device, emit))
     finally:
         if data == "synthetic":
@@ -169,14 +172,18 @@ def step_rows(
 
 
 def step_numbers(
-    cfg: Config, dist: Dist, data_dir: Path, data: str, steps: int, warmup: int, peak: float | None
+    cfg: Config, run_cfg: Config, dist: Dist, data_dir: Path, data: str, steps: int, warmup: int, peak: float | None
 ) -> dict:
-    """A step row's measurements: ``time_steps`` and what follows from it (compile time, MFU)."""
+    """A step row's measurements: ``time_steps`` and what follows from it (compile time, MFU, and the hours
+    a whole run of ``run_cfg`` takes at this speed: the measurement that replaces an estimate)."""
     r = time_steps(cfg, dist, data_dir, data == "ready", steps, warmup)
+    run_tokens = run_cfg.total_steps(r.pop("params_outside_norms")) * run_cfg.tokens_per_step
     return {
         **r,
         "compile_s": r["first_step_s"] - r["ms_per_step"] / 1e3 if cfg.train.compile else None,
         "mfu": mfu(r["flops_per_token"], r["tokens_per_s"], peak, dist.world_size),
+        "run_tokens": run_tokens,
+        "run_hours": run_tokens / r["tokens_per_s"] / 3600,
     }
 
 

@@ -206,16 +206,17 @@ def table(rows: list[dict]) -> str:
         f"{r0['config']}: {r0['device']} x {r0['world_size']} ({peak}), {r0['precision']}, "
         f"{r0['tokens_per_step']:,} tokens/step (micro-batch {r0['micro_batch']}), {r0['data']} data, "
         f"median of {r0['steps']} steps after {r0['warmup']}; {r0['flops_per_token'] / 1e9:.4g} GFLOP/token; "
-        f"{short} GiB: {meaning}; torch {torch.__version__}",
+        f"{short} GiB: {meaning}; h/run: hours a whole run of {r0['run_tokens']:,} tokens takes at this speed; "
+        f"torch {torch.__version__}",
         f"{'norm_type':<28}{'compile':>8}{'tokens/s':>12}{'ms/step':>10}{'p10-p90 ms':>20}{'MFU':>7}"
-        f"{short + ' GiB':>15}{'compile s':>11}{ratio:>25}",
+        f"{short + ' GiB':>15}{'compile s':>11}{'h/run':>9}{ratio:>25}",
     ]
     lines += [
         _error_line(r)
         if "error" in r
         else f"{r['norm_type']:<28}{'on' if r['compile'] else 'off':>8}{r['tokens_per_s']:>12,.0f}"
         f"{r['ms_per_step']:>10.1f}{r['ms_p10']:>9.1f} - {r['ms_p90']:<8.1f}{_num(r['mfu'], '.1%'):>7}"
-        f"{r[memory_key] / 2**30:>15.2f}{_num(r['compile_s'], '.1f'):>11}"
+        f"{r[memory_key] / 2**30:>15.2f}{_num(r['compile_s'], '.1f'):>11}{r['run_hours']:>9.2f}"
         f"{_num(r['time_vs_handrolled_layernorm'], '.3f'):>25}"
         for r in rows
     ]

@@ -200,7 +200,7 @@ def table(rows: list[dict]) -> str:
         ]
         return "\n".join(lines)
     peak = f"{r0['peak_tflops']:g} TFLOP/s bf16 peak" if r0["peak_tflops"] else "no known peak: no MFU"
-    memory_key = (peak_memory_of(r0) or ("peak_rss_bytes", 0))[0]
+    memory_key, _ = peak_memory_of(r0)  # every measured row has one
     short, meaning = PEAK_MEMORY[memory_key]
     lines = [
         f"{r0['config']}: {r0['device']} x {r0['world_size']} ({peak}), {r0['precision']}, "

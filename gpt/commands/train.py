@@ -46,7 +46,11 @@ def main(argv: list[str] | None = None) -> int:
         "steps) and print the accumulation it implies; trains nothing",
     )
     parser.add_argument("--print-config", action="store_true", help="print the fully resolved config as YAML")
-    parser.add_argument("--help-config", action="store_true", help="list every config key with its default and doc")
+    parser.add_argument(
+        "--help-config",
+        action="store_true",
+        help="print every config key with its default as YAML (type and doc as comments)",
+    )
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
     if args.print_config:

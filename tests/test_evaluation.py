@@ -68,6 +68,7 @@ def test_loss_matches_a_hand_computation(tiny_model_cfg, tmp_path):
     assert abs(loss - total / count) <= 1e-6
 
 
+@pytest.mark.slow  # two torchrun processes
 def test_repeat_and_world_sizes_agree_exactly(trained, tmp_path):
     first = run_eval(trained, "--json", tmp_path / "a.json")
     ddp = run_eval(

@@ -271,6 +271,7 @@ def test_lm_eval_through_the_bridge_answers_as_our_scorer_item_for_item(gpt2_voc
     )
 
 
+@pytest.mark.slow  # imports lm-evaluation-harness (about 12 s)
 def test_lm_eval_names_a_task_it_does_not_know_in_one_line(gpt2_vocab_run, capsys):
     from gpt.commands.evaluate import main
 

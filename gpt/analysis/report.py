@@ -18,7 +18,7 @@ def markdown(result: dict) -> str:
     if result["test_range"]:
         t = result["test_range"]
         lines += [
-            f"Test loss: mean cross-entropy of the {t['targets_scored']:,} tokens scored (each "
+            f"Test loss: mean cross-entropy of the {_fmt(t.get('targets_scored'), ',')} tokens scored (each "
             f"predicted from those before it) in {t['split']} tokens [{t['offset']:,}, "
             f"{t['offset'] + t['n_tokens']:,}) of {t['data_dir']} ({t['tokenizer']}), {t['precision']}.",
             "",

@@ -390,7 +390,8 @@ def summarise(groups: list[Group], baseline_label: str, margin: float | None = N
         "test_range": None
         if test is None
         else {
-            k: test[k] for k in ("data_dir", "split", "offset", "n_tokens", "targets_scored", "tokenizer", "precision")
+            k: test.get(k)
+            for k in ("data_dir", "split", "offset", "n_tokens", "targets_scored", "tokenizer", "precision")
         },
     }
 

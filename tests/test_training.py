@@ -539,20 +539,28 @@ def test_the_trainer_tells_its_hooks_in_order_and_knows_nothing_else(train_yaml,
 
 def test_a_checkpoint_written_before_the_folders_moved_resumes_to_the_same_run(token_set, tmp_path):
     # tests/fixtures/before_the_move: the step-10 checkpoint of a 20-step run by the flat package (2c85bcc),
-    # its step-20 weights and last metrics. Resumed by this code, the run ends where the old code's did.
+    # its step-20 weights and last metrics. Resumed by this code, the run ends where the old code's did: within
+    # float tolerance of the stored numbers (they were computed on another CPU, whose SIMD kernels round
+    # differently), and bit for bit between two resumes here.
     fixture = ROOT / "tests" / "fixtures" / "before_the_move"
-    ckpt = tmp_path / "run" / "checkpoints" / "step-00000010"
-    shutil.copytree(fixture / "step-00000010", ckpt)
-    cfg = load_config(write_train_yaml(tmp_path, token_set), ["train.checkpoint_every=10", "train.keep_last=5"])
-    summary = train(cfg, resume=str(ckpt))
-    assert summary["status"] == "completed" and summary["steps"] == 20
-    old = load_file(fixture / "step-00000020-model.safetensors")
-    new = load_file(tmp_path / "run" / "checkpoints" / "step-00000020" / "model.safetensors")
-    assert old.keys() == new.keys() and all(torch.equal(old[k], new[k]) for k in old)  # bit for bit
+    finals = []
+    for name in ("run", "again"):
+        ckpt = tmp_path / name / "checkpoints" / "step-00000010"
+        shutil.copytree(fixture / "step-00000010", ckpt)
+        cfg = load_config(
+            write_train_yaml(tmp_path, token_set, name), ["train.checkpoint_every=10", "train.keep_last=5"]
+        )
+        summary = train(cfg, resume=str(ckpt))
+        assert summary["status"] == "completed" and summary["steps"] == 20
+        assert [s["from_step"] for s in summary["segments"]] == [0, 10]  # the old segment, then this one
+        finals.append(load_file(tmp_path / name / "checkpoints" / "step-00000020" / "model.safetensors"))
+    old, new = load_file(fixture / "step-00000020-model.safetensors"), finals[0]
+    assert old.keys() == new.keys() and all(torch.equal(new[k], finals[1][k]) for k in old)  # same machine: bits
+    worst = max(float(((old[k] - new[k]).abs() / (old[k].abs() + 1e-3)).max()) for k in old)
+    assert worst < 1e-4, worst  # another machine's float rounding, not another computation
     expected = json.loads((fixture / "expected.json").read_text())["step_20"]
     last = metrics(tmp_path / "run")[-1]
-    assert {k: last[k] for k in expected} == expected
-    assert [s["from_step"] for s in summary["segments"]] == [0, 10]  # the old segment, then this one
+    assert {k: last[k] for k in expected} == {k: pytest.approx(v, rel=1e-4) for k, v in expected.items()}
 
 
 def test_random_states_restore_every_generator_a_step_draws_from():

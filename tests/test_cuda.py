@@ -256,6 +256,38 @@ def test_bench_on_the_gpu(tmp_path):
         assert (r["compile_s"] is not None) == r["compile"]
 
 
+def test_evaluation_after_tf32_training_computes_the_bits_of_a_fresh_evaluate(tmp_path):
+    # a single-process sweep evaluates each cell right after training it, in a process the trainer set to TF32
+    from gpt.evaluation.test_loss import EvalOptions, evaluate_checkpoint
+    from gpt.run.distributed import Dist
+
+    _, summary = run(tmp_path, "tf32", "train.tf32=true", "train.compile=false", "train.precision=fp32")
+    assert summary["segments"][0]["train"]["tf32"] is True  # trained with TF32 matmuls
+    ckpt = find_checkpoint(tmp_path / "tf32")
+    in_process = evaluate_checkpoint(
+        ckpt, Dist(device=torch.device("cuda")), EvalOptions(show_progress=False), write=False
+    )
+    fresh = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "evaluate.py"),
+            str(tmp_path / "tf32"),
+            "--quiet",
+            "--json",
+            str(tmp_path / "e.json"),
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    result = json.loads((tmp_path / "e.json").read_text())[0]
+    assert result["loss"] == in_process["loss"]
+    assert in_process["fingerprint"]["tf32"] is False and result["fingerprint"]["tf32"] is False
+    assert torch.backends.cuda.matmul.fp32_precision == "tf32"  # the trainer's setting, restored after
+
+
 def main(names: list[str]) -> int:
     """Run the tests here without pytest (those whose names hold one of ``names``; all without any), each
     in a fresh temporary folder; exit 1 if any failed."""

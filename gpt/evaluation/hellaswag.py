@@ -37,6 +37,8 @@ import torch.nn.functional as F
 
 from gpt.common.errors import UserError, first_line
 from gpt.run.distributed import Dist
+from gpt.run.fastpath import ieee_fp32
+from gpt.run.fingerprint import evaluation_fingerprint
 
 VALIDATION_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 VALIDATION_FILE = "hellaswag_val.jsonl"
@@ -219,15 +221,17 @@ def evaluate_hellaswag(model, items: list[Item], dist: Dist, *, precision: str =
     from gpt.model.loss import autocast_for
 
     start = time.perf_counter()
-    per_item = score_items(
-        model,
-        items,
-        get_tokenizer().encode_ordinary,
-        dist,
-        context_length=model.cfg.context_length,
-        chunk=chunk,
-        autocast=autocast_for(precision, dist.device),
-    )
+    with ieee_fp32():  # its own matmul precision, never what the process set before (a trainer's TF32)
+        per_item = score_items(
+            model,
+            items,
+            get_tokenizer().encode_ordinary,
+            dist,
+            context_length=model.cfg.context_length,
+            chunk=chunk,
+            autocast=autocast_for(precision, dist.device),
+        )
+        fingerprint = evaluation_fingerprint(dist, precision, chunk)
     seconds = time.perf_counter() - start
     return {
         "split": RESULT,
@@ -238,4 +242,5 @@ def evaluate_hellaswag(model, items: list[Item], dist: Dist, *, precision: str =
         "world_size": dist.world_size,
         "seconds": seconds,
         "items_per_s": len(items) / seconds if seconds else None,
+        "fingerprint": fingerprint,
     }

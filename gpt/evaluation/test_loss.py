@@ -28,6 +28,7 @@ from gpt.model.loss import autocast_for
 from gpt.run.checkpoints import checkpoint_config, checkpoint_identity, load_weights
 from gpt.run.directory import RunDir, write_eval_result
 from gpt.run.distributed import Dist
+from gpt.run.fastpath import ieee_fp32
 from gpt.run.fingerprint import evaluation_fingerprint
 
 
@@ -124,15 +125,17 @@ def evaluate_model(model: GPT, held_out: HeldOutRange, tokens: TokenRange, optio
         desc="evaluating",
     )
     model.to(dist.device)
-    loss, scored = evaluate_loss(
-        model,
-        tokens,
-        dist,
-        seq_len=seq_len,
-        batch_size=batch_size,
-        autocast=autocast_for(options.precision, dist.device),
-        progress=bar.update,
-    )
+    with ieee_fp32():  # its own matmul precision, never what the process set before (a trainer's TF32)
+        loss, scored = evaluate_loss(
+            model,
+            tokens,
+            dist,
+            seq_len=seq_len,
+            batch_size=batch_size,
+            autocast=autocast_for(options.precision, dist.device),
+            progress=bar.update,
+        )
+        fingerprint = evaluation_fingerprint(dist, options.precision, batch_size, tokens.tokens)
     bar.close()
     return {
         "loss": loss,
@@ -144,7 +147,7 @@ def evaluate_model(model: GPT, held_out: HeldOutRange, tokens: TokenRange, optio
         "batch_size": batch_size,
         "world_size": dist.world_size,
         "seconds": time.perf_counter() - start,
-        "fingerprint": evaluation_fingerprint(dist, tokens.tokens, options.precision),
+        "fingerprint": fingerprint,
     }
 
 

@@ -14,10 +14,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 from gpt.common.errors import UserError, first_line
 from gpt.publish.export import export_checkpoint
 from gpt.run.checkpoints import checkpoint_config, checkpoint_identity
 from gpt.run.directory import write_eval_result
+from gpt.run.distributed import Dist
+from gpt.run.fastpath import ieee_fp32
+from gpt.run.fingerprint import evaluation_fingerprint
 
 INSTALL = "pip install '.[eval]' (lm-eval[hf] 0.4)"
 
@@ -58,18 +63,20 @@ def run_lm_eval(
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gpt-lm-eval-") as tmp:
         export_checkpoint(ckpt, Path(tmp), f"local/{cfg.run.name}")
-        try:
-            out = lm_eval.simple_evaluate(
-                model="hf",
-                model_args={"pretrained": tmp, "trust_remote_code": True, "dtype": "float32"},
-                tasks=list(tasks),
-                task_manager=manager,
-                batch_size=batch_size,
-                device=device,
-                log_samples=True,
-            )
-        except (KeyError, ValueError) as e:  # an unknown task name, a task YAML that does not load
-            raise UserError(f"--lm-eval {','.join(tasks)}: {first_line(e)}") from None
+        with ieee_fp32():  # its own matmul precision, never what the process set before
+            try:
+                out = lm_eval.simple_evaluate(
+                    model="hf",
+                    model_args={"pretrained": tmp, "trust_remote_code": True, "dtype": "float32"},
+                    tasks=list(tasks),
+                    task_manager=manager,
+                    batch_size=batch_size,
+                    device=device,
+                    log_samples=True,
+                )
+            except (KeyError, ValueError) as e:  # an unknown task name, a task YAML that does not load
+                raise UserError(f"--lm-eval {','.join(tasks)}: {first_line(e)}") from None
+            fingerprint = evaluation_fingerprint(Dist(device=torch.device(device)), "fp32", batch_size)
     result = {
         **checkpoint_identity(ckpt, cfg),
         "split": "lm-eval",
@@ -79,6 +86,7 @@ def run_lm_eval(
         "results": out["results"],
         "items": {task: [item_record(s) for s in samples] for task, samples in out.get("samples", {}).items()},
         "seconds": time.perf_counter() - start,
+        "fingerprint": fingerprint,
     }
     if write:
         write_eval_result(ckpt, result)

@@ -10,6 +10,7 @@ the same function, only slower.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -57,3 +58,48 @@ def apply_tf32(enabled: bool) -> None:
     else:
         torch.backends.cuda.matmul.allow_tf32 = enabled
         torch.backends.cudnn.allow_tf32 = enabled
+
+
+FP32_BACKENDS = ("cuda.matmul", "cudnn.conv", "mkldnn.matmul", "mkldnn.conv")  # where an fp32 op may run reduced
+
+
+def _backend(name: str):
+    node = torch.backends
+    for part in name.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def fp32_precision() -> dict[str, str]:
+    """How each backend computes fp32 matmuls and convolutions now: ``ieee``, ``tf32`` (CUDA), ``bf16`` (oneDNN on a
+    CPU with bf16 units) or ``none`` (the default: IEEE unless a parent setting says otherwise)."""
+    if not hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch < 2.9: the legacy flags
+        return {
+            "cuda.matmul": "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee",
+            "cudnn.conv": "tf32" if torch.backends.cudnn.allow_tf32 else "ieee",
+        }
+    return {name: _backend(name).fp32_precision for name in FP32_BACKENDS}
+
+
+@contextlib.contextmanager
+def ieee_fp32():
+    """Every fp32 matmul and convolution in IEEE fp32 while inside, whatever the process set before (the
+    trainer's TF32 on a GPU, a bf16 setting on a CPU), and the settings as they were afterwards. An evaluation
+    computes in here, so its numbers never depend on what ran before it in the process."""
+    before = fp32_precision()
+    legacy = not hasattr(torch.backends.cuda.matmul, "fp32_precision")
+    try:
+        if legacy:
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+        else:
+            for name in FP32_BACKENDS:
+                _backend(name).fp32_precision = "ieee"
+        yield
+    finally:
+        if legacy:
+            torch.backends.cuda.matmul.allow_tf32 = before["cuda.matmul"] == "tf32"
+            torch.backends.cudnn.allow_tf32 = before["cudnn.conv"] == "tf32"
+        else:
+            for name, mode in before.items():
+                _backend(name).fp32_precision = mode

@@ -14,8 +14,9 @@ would change what is computed (``FIXED_ON_RESUME``): the data's content, the res
 precision or TF32, the device type. A change of world size is allowed (the reader gives
 every world size the same batches) and shows as a new segment.
 
-An evaluation takes ``evaluation_fingerprint``: the test split's identity, the
-precision, where it ran and the code.
+An evaluation takes ``evaluation_fingerprint``: the precision path (autocast, and fp32 matmuls in
+IEEE as the evaluation sets them), the batch size, where it ran, the code and, for a test loss,
+the test split's identity.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from gpt.config import flatten
 from gpt.data.tokens import TokenFile
 from gpt.run.checkpoints import CheckpointError
 from gpt.run.distributed import Dist, device_name
-from gpt.run.fastpath import FastPath
+from gpt.run.fastpath import FastPath, fp32_precision
 
 PACKAGE = "gpt-norm-harness"
 SOURCE = Path(__file__).resolve().parents[1]  # the package whose code is hashed (every .py file in it)
@@ -52,6 +53,18 @@ INFORMATIONAL = (
     "software.python",
     "software.numpy",
     "data.dir",
+)
+# An evaluation's recorded keys that change no number: the code's name for itself (code.source stands for the
+# code), the interpreter, and the world size (ranks score whole batches and sum them in batch order: the same
+# bits on any number of processes, tested). Every other key of its fingerprint is compared.
+EVALUATION_INFORMATIONAL = (
+    "code.version",
+    "code.commit",
+    "code.dirty",
+    "software.python",
+    "software.numpy",
+    "hardware.world_size",
+    "test",
 )
 # Config keys that say where the tokens are; the fingerprint's data identity says what they are.
 LOCATION = ("data.path", "data.hub_repo", "data.hub_revision")
@@ -141,9 +154,22 @@ def where(dist: Dist) -> dict:
     }
 
 
-def evaluation_fingerprint(dist: Dist, test: TokenFile, precision: str) -> dict:
-    """What an evaluation result records of how it was computed."""
-    return {"precision": precision, **where(dist), "code": code_version(), "test": test.identity()}
+def evaluation_fingerprint(dist: Dist, precision: str, batch_size: int, test: TokenFile | None = None) -> dict:
+    """What an evaluation result records of how it was computed: the autocast precision, how fp32 matmuls ran
+    (taken inside ``gpt.run.fastpath.ieee_fp32``, as applied: ``tf32`` false), the batch size, where it ran
+    (device, its name, world size, torch and CUDA), the code (source hash, commit, uncommitted changes) and,
+    for a test loss, the test split's identity. ``gpt.analysis.table`` compares every key that can change a
+    number (``EVALUATION_INFORMATIONAL`` lists those that cannot)."""
+    fp32 = fp32_precision()
+    return {
+        "precision": precision,
+        "tf32": "tf32" in fp32.values(),
+        "fp32_matmul": fp32,
+        "batch_size": batch_size,
+        **where(dist),
+        "code": code_version(),
+        **({"test": test.identity()} if test is not None else {}),
+    }
 
 
 def check_resume(saved: list[dict], current: dict, source: Path) -> None:

@@ -285,7 +285,7 @@ def test_dropped_runs_and_pairing_on_shared_seeds(tmp_path):
     md = (tmp_path / "best" / "comparison.md").read_text()
     assert "| pytorch_layernorm | 7 (0, 1, 2, 4, 3, 5, 6) | 3.577500 | " in md and "paired, 3 pairs |" in md
     assert f"- pytorch_layernorm, seed 3 ({tmp_path / 'pt-s3'}): diverged at step 77" in md
-    assert "| pytorch_layernorm | 3; unpaired seeds: 3, 4 | " in md
+    assert "| pytorch_layernorm | independent seeds; unpaired seeds: 3, 4 | " in md
     strict_json((tmp_path / "best" / "comparison.json").read_text())
 
 
@@ -298,37 +298,30 @@ def paired_power(delta, sd, n):
     return st.nct.sf(c, n - 1, ncp) + (lower if np.isfinite(lower) else st.nct.sf(c, n - 1, -ncp))
 
 
-def test_seeds_needed_and_resolvable_difference_are_exact_power(tmp_path):
+def test_pairs_needed_and_resolvable_difference_are_exact_power():
     from scipy import stats as st
 
     from gpt.analysis import stats
 
     for sd, n in ((0.01, 2), (0.01, 3), (0.01, 4), (0.004, 7)):
-        delta = stats.resolvable_difference(sd, n)
+        delta = stats.resolvable_difference(sd / math.sqrt(n), n - 1)
         assert paired_power(delta, sd, n) == pytest.approx(0.80, abs=1e-6), (sd, n)
         shortcut = (st.t.ppf(0.975, n - 1) + st.t.ppf(0.80, n - 1)) * sd / math.sqrt(n)
-        assert delta > shortcut and paired_power(shortcut, sd, n) < 0.80  # the shortcut overstated the power
+        assert delta > shortcut and paired_power(shortcut, sd, n) < 0.80  # the shortcut overstates the power
     shortcut_power = [
         paired_power((st.t.ppf(0.975, n - 1) + st.t.ppf(0.80, n - 1)) * 0.01 / math.sqrt(n), 0.01, n) for n in (2, 3, 4)
     ]
-    assert [round(p, 2) for p in shortcut_power] == [0.73, 0.77, 0.78]  # the issue's finding 5
+    assert [round(p, 2) for p in shortcut_power] == [0.73, 0.77, 0.78]
     for diff, sd in ((0.02, 0.002), (0.025, 0.008), (0.01, 0.006), (-0.024, 0.00652), (0.003, 0.01)):
-        k = stats.seeds_needed(diff, sd)
-        assert (
-            paired_power(abs(diff), sd, k) >= 0.80 > paired_power(abs(diff), sd, k - 1)
-            if k > 2
-            else paired_power(abs(diff), sd, k) >= 0.80
-        ), (diff, sd, k)
-    # where the shortcut named one seed too few (2 of 4 in the issue): the exact answer is one more
-    shortcut_n = next(
-        m for m in range(2, 100) if (st.t.ppf(0.975, m - 1) + st.t.ppf(0.8, m - 1)) * 0.002 / math.sqrt(m) <= 0.02
-    )
-    assert (shortcut_n, stats.seeds_needed(0.02, 0.002)) == (2, 3) and paired_power(0.02, 0.002, 2) < 0.80
-    assert stats.seeds_needed(0.0, 0.01) is None and stats.seeds_needed(1e-6, 0.01) is None  # > 10,000 seeds
-    assert stats.resolvable_difference(0.0, 3) == 0.0 and stats.seeds_needed(0.01, 0.0) == 2
+        k = stats.pairs_needed(diff, sd)
+        assert paired_power(abs(diff), sd, k) >= 0.80, (diff, sd, k)
+        assert k == 2 or paired_power(abs(diff), sd, k - 1) < 0.80, (diff, sd, k)
+    assert stats.pairs_needed(0.02, 0.002) == 3 and paired_power(0.02, 0.002, 2) < 0.80
+    assert stats.pairs_needed(0.0, 0.01) is None and stats.pairs_needed(1e-6, 0.01) is None  # > 10,000 pairs
+    assert stats.resolvable_difference(0.0, 3) == 0.0 and stats.pairs_needed(0.01, 0.0) == 2
 
 
-def test_seeds_needed_and_equivalence_through_compare(tmp_path):
+def test_the_plan_is_prospective_at_an_upper_bound_of_the_noise(tmp_path):
     from scipy import stats as st
 
     from gpt.analysis import stats
@@ -339,7 +332,7 @@ def test_seeds_needed_and_equivalence_through_compare(tmp_path):
     se = sd / math.sqrt(n)
     for margin, verdict in ((0.04, True), (0.025, False)):
         p = max(st.t.sf((mean + margin) / se, n - 1), st.t.cdf((mean - margin) / se, n - 1))
-        eq = stats.equivalence(diffs, margin)
+        eq = stats.equivalence(stats.mean_of({(i, i): d for i, d in enumerate(diffs)}), margin)
         assert eq["p"] == pytest.approx(p) and eq["equivalent"] is verdict and bool(p < 0.05) is verdict
     # the same numbers through compare, on runs whose losses give these differences
     base = [3.6, 3.61, 3.59, 3.605, 3.595]
@@ -347,14 +340,45 @@ def test_seeds_needed_and_equivalence_through_compare(tmp_path):
     runs += [
         make_run(tmp_path, f"b{s}", "pytorch_rmsnorm", s, loss + d) for s, (loss, d) in enumerate(zip(base, diffs))
     ]
-    v = compare(runs, tmp_path / "out", equivalence_margin=0.04)["groups"][1]["vs_baseline"]
-    assert v["sd"] == pytest.approx(sd) and paired_power(v["resolvable_diff"], sd, n) == pytest.approx(0.8, abs=1e-6)
-    k = v["seeds_needed"]
-    assert paired_power(abs(mean), sd, k) >= 0.8 > paired_power(abs(mean), sd, k - 1)
+    result = compare(runs, tmp_path / "out", equivalence_margin=0.04)
+    v = result["groups"][1]["vs_baseline"]
+    assert v["sd"] == pytest.approx(sd) and v["p"] == pytest.approx(2 * st.t.sf(abs(mean) / se, n - 1))
+    # the plan: the sd at its one-sided 80% upper confidence bound (chi-square), never the point estimate
+    upper = sd * math.sqrt((n - 1) / st.chi2.ppf(0.20, n - 1))
+    plan = v["plan"]
+    assert plan["sd_upper"] == pytest.approx(upper) and plan["detect"] == 0.04  # the margin by default
+    assert paired_power(plan["resolvable"], upper, n) == pytest.approx(0.8, abs=1e-6)
+    k = plan["pairs_needed"]
+    assert paired_power(0.04, upper, k) >= 0.8 > paired_power(0.04, upper, k - 1)
     assert v["equivalence"]["equivalent"] is True
     md = (tmp_path / "out" / "comparison.md").read_text()
-    assert f"| pytorch_rmsnorm | 5 | {sd:.6f} | {v['resolvable_diff']:.6f} | {k} | yes (p = " in md
-    assert "exact: the power of the paired t test comes from the noncentral t distribution" in md
+    assert (
+        f"| pytorch_rmsnorm | independent seeds | {v['p']:.3g} | {v['p_holm']:.3g} | yes (p = "
+        f"{v['equivalence']['p']:.3g}) | {upper:.6f} | {plan['resolvable']:.6f} | {k} |"
+    ) in md
+    assert "| group | design | p | Holm p (1 in the family) | equivalent within +-0.04 (TOST p) |" in md
+    assert "pairs to detect 0.04 |" in md and "A total, not how many more" in md
+    # --detect names the difference to plan for
+    named = compare(runs, tmp_path / "out2", detect=0.01)["groups"][1]["vs_baseline"]["plan"]
+    assert named["detect"] == 0.01 and named["pairs_needed"] == stats.pairs_needed(0.01, upper)
+    with pytest.raises(UserError, match=r"--detect -1.0 must be > 0"):
+        compare(runs, tmp_path / "out3", detect=-1.0)
+
+
+def test_identical_differences_are_said_to_have_no_spread(tmp_path):
+    # two implementations of one function: every paired difference exactly equal
+    runs = [make_run(tmp_path, f"a{s}", "handrolled_layernorm", s, 3.6 + s / 100) for s in range(3)]
+    runs += [make_run(tmp_path, f"b{s}", "pytorch_layernorm", s, 3.6 + s / 100) for s in range(3)]
+    result = compare(runs, tmp_path / "out", equivalence_margin=0.01)
+    v = result["groups"][1]["vs_baseline"]
+    assert v["no_spread"] and v["diff"] == 0 and math.isnan(v["low"]) and math.isnan(v["p"])
+    assert v["equivalence"]["equivalent"] is None and v["plan"]["no_spread"] and v["plan"]["pairs_needed"] is None
+    md = (tmp_path / "out" / "comparison.md").read_text()
+    assert "| +0.000000, no spread (3 equal differences) paired, 3 pairs |" in md
+    assert "n/a: no spread to test" in md and "n/a: every paired difference is +0.000000, no noise to plan for" in md
+    assert "(p = 0)" not in md and "[+0.000000, +0.000000]" not in md  # neither certainty nor a width of 0
+    data = strict_json((tmp_path / "out" / "comparison.json").read_text())
+    assert data["groups"][1]["vs_baseline"]["low"] is None
 
 
 def test_a_seed_is_the_initial_weights_and_the_data_order(tmp_path):
@@ -719,19 +743,48 @@ def test_variance_component_intervals_cover_at_their_level():
     assert all(0.93 <= h / n <= 0.975 for h in hits.values()), hits
 
 
-def test_compare_splits_the_noise_of_a_crossed_design(tmp_path):
+def crossed_by_hand(d):
+    """The two-way random-effects interval for the mean of a crossed grid d[i][j], loop by loop: V = MS_init +
+    MS_data - MS_rest on Satterthwaite's df, floored at the cells' variance on I J - 1 df."""
+    from scipy import stats as st
+
+    n_i, n_j = len(d), len(d[0])
+    grand = sum(map(sum, d)) / (n_i * n_j)
+    rows = [sum(r) / n_j for r in d]
+    cols = [sum(d[i][j] for i in range(n_i)) / n_i for j in range(n_j)]
+    ms_a = n_j * sum((r - grand) ** 2 for r in rows) / (n_i - 1)
+    ms_b = n_i * sum((c - grand) ** 2 for c in cols) / (n_j - 1)
+    df_e = (n_i - 1) * (n_j - 1)
+    ms_e = sum((d[i][j] - rows[i] - cols[j] + grand) ** 2 for i in range(n_i) for j in range(n_j)) / df_e
+    cells = sum((x - grand) ** 2 for r in d for x in r) / (n_i * n_j - 1)
+    v = ms_a + ms_b - ms_e
+    if v > cells:
+        df = v**2 / (ms_a**2 / (n_i - 1) + ms_b**2 / (n_j - 1) + ms_e**2 / df_e)
+    else:
+        v, df = cells, n_i * n_j - 1
+    half = st.t.ppf(0.975, df) * math.sqrt(v / (n_i * n_j))
+    one = ms_a / n_j + ms_b / n_i + ms_e * (1 - 1 / n_i - 1 / n_j)  # var of one difference from fresh seeds
+    return grand, grand - half, grand + half, df, (ms_a, ms_b, ms_e), one
+
+
+def test_compare_analyses_a_crossed_design_with_the_two_way_model(tmp_path):
     y = crossed_losses()
+    # the difference itself depends on the seeds: an init effect, a data effect and a remainder
+    d = -0.02 + np.array([0.004, -0.001, -0.003])[:, None] + np.array([0.002, 0.0, -0.001, -0.001])[None, :]
+    d = d + np.array([[1, -2, 0, 1], [-1, 1, 2, -2], [0, 1, -2, 1]]) * 4e-4
     runs = [
         make_run(tmp_path, f"hr-i{i}-d{j}", "handrolled_layernorm", j, float(y[i, j]), init_seed=i)
         for i in range(3)
         for j in range(4)
     ]
     runs += [
-        make_run(tmp_path, f"pt-i{i}-d{j}", "pytorch_layernorm", j, float(y[i, j]) - 0.02, init_seed=i)
+        make_run(tmp_path, f"pt-i{i}-d{j}", "pytorch_layernorm", j, float(y[i, j]) + float(d[i, j]), init_seed=i)
         for i in range(3)
         for j in range(4)
     ]
-    result = compare(runs, tmp_path / "out")
+    result = compare(runs, tmp_path / "out", equivalence_margin=0.05)
+    from scipy import stats as st
+
     from gpt.analysis import stats
 
     hr = result["groups"][0]["noise_sources"]
@@ -739,24 +792,67 @@ def test_compare_splits_the_noise_of_a_crossed_design(tmp_path):
     assert (hr["init_seeds"], hr["data_seeds"], hr["missing"]) == ([0, 1, 2], [0, 1, 2, 3], [])
     assert hr["components"]["init"]["variance"] == pytest.approx(expected["components"]["init"]["variance"])
     v = result["groups"][1]["vs_baseline"]
-    assert (v["method"], v["n"], v["diff"]) == ("paired", 12, pytest.approx(-0.02))
+    diffs = [[float(y[i, j]) + float(d[i, j]) - float(y[i, j]) for j in range(4)] for i in range(3)]
+    mean, low, high, df, (ms_a, ms_b, ms_e), one = crossed_by_hand(diffs)
+    assert (v["method"], v["design"], v["init_seeds"], v["data_seeds"]) == (
+        "crossed",
+        "crossed seeds",
+        [0, 1, 2],
+        [0, 1, 2, 3],
+    )
+    assert (v["diff"], v["low"], v["high"], v["df"]) == (
+        pytest.approx(mean),
+        pytest.approx(low),
+        pytest.approx(high),
+        pytest.approx(df),
+    )
+    assert v["df"] < 11  # not 12 cells as 12 independent pairs
+    cells_as_pairs = st.t.ppf(0.975, 11) * np.std(diffs, ddof=1) / math.sqrt(12)
+    assert high - mean > 1.5 * cells_as_pairs  # the seed effects on the difference: an honest width
+    # the plan and TOST follow the same model; the noise of one difference is the components' sum
+    assert v["sd"] == pytest.approx(math.sqrt(one))
+    terms = [(1 / 4, ms_a, 2), (1 / 3, ms_b, 3), (1 - 1 / 3 - 1 / 4, ms_e, 6)]
+    gw = one + math.sqrt(sum(((k / st.chi2.ppf(0.2, k) - 1) * c * m) ** 2 for c, m, k in terms))
+    assert v["plan"]["sd_upper"] == pytest.approx(math.sqrt(gw))
+    se = (high - mean) / st.t.ppf(0.975, df)
+    p_tost = max(st.t.sf((mean + 0.05) / se, df), st.t.cdf((mean - 0.05) / se, df))
+    assert v["equivalence"]["p"] == pytest.approx(p_tost)
     md = (tmp_path / "out" / "comparison.md").read_text()
+    assert f"| {_signed(mean)} [{_signed(low)}, {_signed(high)}] crossed 3x4 |" in md
+    assert "| pytorch_layernorm | crossed seeds | " in md
+    assert "- crossed seeds: every init seed with every data seed: two-way random-effects model" in md
     assert "## Where the noise comes from (crossed initialisation x data-order seeds)" in md
     assert "handrolled_layernorm: 3 initialisation seeds x 4 data-order seeds, test loss mean 3.600000" in md
     c = expected["components"]["init"]
+    low_s, high_s = c["share_interval"]
     assert (
         f"| initial weights (model.init_seed) | {c['sd']:.3g} | {c['variance']:.3g} | [{c['low']:.3g}, "
-        f"{c['high']:.3g}] | {c['share'] * 100:.0f}% |"
+        f"{c['high']:.3g}] | {c['share'] * 100:.0f}% | [{low_s * 100:.0f}%, {high_s * 100:.0f}%] |"
     ) in md
-    # a seed pair missing (it diverged): named, no split
+    assert "| interaction and run-to-run nondeterminism |" in md and "Ting et al. (1990)" in md
+    # the group's own mean is a crossed estimate too: 12 runs, but 3 and 4 seeds
+    row = result["groups"][0]
+    g_mean, g_low, g_high, *_ = crossed_by_hand(y.tolist())
+    assert row["test_loss_design"] == "crossed seeds" and row["test_loss_ci95"] == [
+        pytest.approx(g_low),
+        pytest.approx(g_high),
+    ]
+    # a seed pair missing (it diverged): named, no split, and no interval from a broken grid
     (tmp_path / "hr-i2-d3" / "summary.json").write_text(
         json.dumps({"status": "diverged", "diverged_at_step": 9, "segments": [SEGMENT]})
     )
-    compare(runs, tmp_path / "out")
+    broken = compare(runs, tmp_path / "out")["groups"][1]["vs_baseline"]
+    assert broken["design"] == "incomplete grid" and broken["missing"] == [(2, 3)] and math.isnan(broken["low"])
+    md = (tmp_path / "out" / "comparison.md").read_text()
     assert (
         "handrolled_layernorm: 3 initialisation seeds x 4 data-order seeds, incomplete: no evaluated run for "
-        "init/data 2/3" in (tmp_path / "out" / "comparison.md").read_text()
+        "init/data 2/3" in md
     )
+    assert "| n/a: incomplete grid, missing init/data 2/3 |" in md
+
+
+def _signed(x):
+    return format(x, "+.6f")
 
 
 def hellaswag_result(labels, answers: dict) -> dict:
@@ -766,19 +862,20 @@ def hellaswag_result(labels, answers: dict) -> dict:
         "split": "hellaswag",
         "precision": "fp32",
         "n_items": len(labels),
+        "metrics": dict.fromkeys(answers, "..."),
         "labels": labels,
         "answers": answers,
         **metrics,
     }
 
 
-def test_hellaswag_columns_intervals_over_seeds_and_the_paired_test_over_items(tmp_path):
+def test_hellaswag_is_compared_over_seeds_and_item_tests_name_two_checkpoints(tmp_path):
     rng = np.random.default_rng(0)
     labels = [int(x) for x in rng.integers(0, 4, 60)]
     metrics = ("acc", "acc_norm", "acc_token_mean")
     right = {}  # (group, seed, metric) -> per-item 0/1
     paths = []
-    for group, p_right in (("pytorch_layernorm", 0.30), ("pytorch_rmsnorm", 0.45)):
+    for group, p_right in (("pytorch_layernorm", 0.30), ("pytorch_rmsnorm", 0.45), ("dyt", 0.35)):
         for seed in (0, 1, 2):
             answers = {}
             for m in metrics:
@@ -792,27 +889,177 @@ def test_hellaswag_columns_intervals_over_seeds_and_the_paired_test_over_items(t
     result = compare(paths, tmp_path / "out", "pytorch_layernorm")
     rms = next(g for g in result["groups"] if g["group"] == "pytorch_rmsnorm")["tasks"]["hellaswag"]
     t = scipy.stats.t.ppf(0.975, 2)
+    p_values = []
     for m in metrics:
         accs = [right["pytorch_rmsnorm", s, m].mean() for s in (0, 1, 2)]
         mean, sd = np.mean(accs), np.std(accs, ddof=1)
         got = rms["metrics"][m]
         assert math.isclose(got["mean"], mean) and math.isclose(got["ci95"][1], mean + t * sd / math.sqrt(3))
-        d = np.mean([right["pytorch_rmsnorm", s, m] for s in (0, 1, 2)], 0) - np.mean(
-            [right["pytorch_layernorm", s, m] for s in (0, 1, 2)], 0
-        )
-        half = scipy.stats.t.ppf(0.975, 59) * np.std(d, ddof=1) / math.sqrt(60)
+        # against the baseline: each run's accuracy paired by seed, a t interval over the 3 seeds (not the items)
+        d = [accs[s] - right["pytorch_layernorm", s, m].mean() for s in (0, 1, 2)]
+        half = t * np.std(d, ddof=1) / math.sqrt(3)
         v = rms["vs_baseline"][m]
-        assert math.isclose(v["diff"], d.mean()) and math.isclose(v["low"], d.mean() - half) and v["n"] == 60
-        assert v["mcnemar"] is None  # three seeds each: the paired t over items only
+        assert (v["method"], v["n"], v["design"]) == ("paired", 3, "independent seeds")
+        assert math.isclose(v["diff"], np.mean(d)) and math.isclose(v["low"], np.mean(d) - half)
+        p_values.append(v["p"])
+    assert rms["two_checkpoints"] is None  # three seeds each: no item-level test of the norm types
+    # Holm over the task's family: 2 groups x 3 metrics
+    assert result["families"]["hellaswag"] == 6
+    dyt = next(g for g in result["groups"] if g["group"] == "dyt")["tasks"]["hellaswag"]["vs_baseline"]
+    family = p_values + [dyt[m]["p"] for m in metrics]
+    order = np.argsort(family)
+    holm = np.maximum.accumulate([min(1, (6 - k) * family[i]) for k, i in enumerate(order)])
+    for k, i in enumerate(order):
+        got = (rms["vs_baseline"] if i < 3 else dyt)[metrics[i % 3]]["p_holm"]
+        assert got == pytest.approx(holm[k])
     md = (tmp_path / "out" / "comparison.md").read_text()
     assert "## HellaSwag (60 items)" in md and "| group | seeds | acc | acc_norm | acc_token_mean |" in md
     assert f"| pytorch_rmsnorm | 3 | {rms['metrics']['acc']['mean']:.4f} [" in md
+    assert "Against pytorch_layernorm, over seeds: each run's metric, paired by seed" in md
+    assert "family of 6 comparisons" in md and "McNemar" not in md
 
-    # one seed each: McNemar's exact test on the items exactly one of the two got right
+    # one run each: the items say something about these two checkpoints, worded so
     single = compare([paths[0], paths[3]], tmp_path / "out1", "pytorch_layernorm")
-    v = next(g for g in single["groups"] if g["group"] == "pytorch_rmsnorm")["tasks"]["hellaswag"]["vs_baseline"]["acc"]
+    task = next(g for g in single["groups"] if g["group"] == "pytorch_rmsnorm")["tasks"]["hellaswag"]
+    assert task["vs_baseline"]["acc"]["method"] == "paired" and math.isnan(task["vs_baseline"]["acc"]["low"])
+    c = task["two_checkpoints"]
+    assert (c["this"], c["baseline"]) == (str(paths[3]), str(paths[0]))
     a, b = right["pytorch_rmsnorm", 0, "acc"], right["pytorch_layernorm", 0, "acc"]
     only_a, only_b = int(((a == 1) & (b == 0)).sum()), int(((a == 0) & (b == 1)).sum())
     p = scipy.stats.binomtest(only_a, only_a + only_b, 0.5).pvalue
-    assert v["mcnemar"] == {"only_this": only_a, "only_baseline": only_b, "p": p}
-    assert f"McNemar p = {p:.3g} ({only_a} vs {only_b})" in (tmp_path / "out1" / "comparison.md").read_text()
+    assert c["acc"]["mcnemar"] == {"only_this": only_a, "only_baseline": only_b, "p": p}
+    half = scipy.stats.t.ppf(0.975, 59) * np.std(a - b, ddof=1) / math.sqrt(60)
+    assert math.isclose(c["acc"]["diff"], (a - b).mean()) and math.isclose(c["acc"]["high"], (a - b).mean() + half)
+    md = (tmp_path / "out1" / "comparison.md").read_text()
+    assert "Two checkpoints, item by item (a statement about these two trained models" in md
+    assert f"McNemar p = {p:.3g} ({only_a} vs {only_b})" in md and f"| {paths[3]} | {paths[0]} |" in md
+
+
+def test_a_results_table_gives_the_numbers_its_run_folders_give(tmp_path):
+    from gpt.analysis.results import read_results
+
+    y = crossed_losses()
+    runs = [
+        make_run(tmp_path, f"hr-i{i}-d{j}", "handrolled_layernorm", j, float(y[i, j]), init_seed=i)
+        for i in range(3)
+        for j in range(4)
+    ]
+    runs += [
+        make_run(tmp_path, f"pt-i{i}-d{j}", "pytorch_layernorm", j, float(y[i, j]) - 0.01 + (i - j) * 1e-3, init_seed=i)
+        for i in range(3)
+        for j in range(4)
+    ]
+    runs += [make_run(tmp_path, f"rms-s{s}", "pytorch_rmsnorm", s, 3.59 + s / 100) for s in range(3)]
+    runs.append(make_run(tmp_path, "none-s0", "no_norm", 0, status="diverged", diverged_at=9))
+    labels = [0, 1, 2, 3] * 5
+    for k, path in enumerate(runs[:4] + runs[12:16]):  # HellaSwag for some runs only
+        answers = {m: [(lab + (k + i) % 2) % 4 for i, lab in enumerate(labels)] for m in ("acc", "acc_norm")}
+        (path / "checkpoints" / "step-00000100" / "eval-hellaswag-fp32.json").write_text(
+            json.dumps(hellaswag_result(labels, answers))
+        )
+    folders = compare(runs, tmp_path / "from-runs", equivalence_margin=0.02)
+    table = tmp_path / "from-runs" / "runs.csv"
+    header = table.read_text().splitlines()[0]
+    assert header == "group,init_seed,data_seed,status,test_loss,hellaswag.acc,hellaswag.acc_norm"
+    assert len(read_results(table)) == len(runs)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "compare.py"),
+            "--results",
+            str(table),
+            "--out",
+            str(tmp_path / "t"),
+            "--equivalence-margin",
+            "0.02",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    from_table = json.loads((tmp_path / "t" / "comparison.json").read_text())
+    expected = strict_json((tmp_path / "from-runs" / "comparison.json").read_text())
+
+    def numbers(result):
+        keep = ("test_loss_mean", "test_loss_std", "test_loss_ci95", "test_loss_design", "n_evaluated", "seeds")
+        rows = {}
+        for g in result["groups"]:
+            v = g["vs_baseline"] or {}
+            rows[g["group"]] = (
+                {k: g[k] for k in keep},
+                {k: v.get(k) for k in ("diff", "low", "high", "p", "p_holm", "df", "design", "plan", "equivalence")},
+                {t: (x["metrics"], x["vs_baseline"]) for t, x in g["tasks"].items()},
+                [x["seed"] for x in g["left_out"]],  # a table keeps the status, not the step it diverged at
+                g["noise_sources"],
+            )
+        return rows, result["families"]
+
+    a, b = numbers(from_table), numbers(expected)
+    for group in b[0]:
+        for x, y in zip(a[0][group], b[0][group]):
+            assert x == y, (group, x, y)
+    assert a == b
+    assert folders["groups"][1]["vs_baseline"]["design"] == "crossed seeds"
+    assert from_table["source"] == str(table) and from_table["shared"] == {}
+    md = (tmp_path / "t" / "comparison.md").read_text()
+    assert f"Results from the table {table} (`compare.py --results`)" in md and "What every run shares" not in md
+    assert sorted(p.name for p in (tmp_path / "t").glob("*.png")) == ["test_loss.png"]  # a table has no curves
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("group,seed,test_loss\na,0,3.5\n", r"no column init_seed, data_seed; a results table has the columns"),
+        ("group,init_seed,data_seed,test_loss\na,0,0,three\n", r"x\.csv:2: test_loss is 'three', not a finite number"),
+        ("group,init_seed,data_seed,test_loss\na,0,0,nan\n", r"x\.csv:2: test_loss is 'nan', not a finite number"),
+        ("group,init_seed,data_seed,test_loss\na,0.5,0,3\n", r"x\.csv:2: init_seed is '0\.5', not an integer seed"),
+        (
+            "group,init_seed,data_seed,test_loss\na,0,0,3\na,0,0,3.1\n",
+            r"x\.csv:3: group 'a' has init_seed 0 and data_seed 0 already on line 2; one row per run",
+        ),
+        ("group,init_seed,data_seed,test_loss\n", r"no rows under its header"),
+        ("group,init_seed,data_seed,test_loss\na,0,0,3,4\n", r"x\.csv:2: more values than columns"),
+    ],
+)
+def test_a_bad_results_table_is_one_line(tmp_path, text, message):
+    (tmp_path / "x.csv").write_text(text)
+    with pytest.raises(UserError, match=message):
+        compare([], tmp_path / "out", results=tmp_path / "x.csv")
+    assert not (tmp_path / "out").exists()
+
+
+def test_results_and_run_folders_do_not_mix(tmp_path):
+    (tmp_path / "x.csv").write_text("group,init_seed,data_seed,test_loss\na,0,0,3\n")
+    run = make_run(tmp_path, "a", "dyt", 0, 3.7)
+    with pytest.raises(UserError, match="give run directories or --results FILE.csv, not both"):
+        compare([run], tmp_path / "out", results=tmp_path / "x.csv")
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "compare.py")], capture_output=True, text=True)
+    assert out.returncode == 2 and "give the run directories to compare, or --results FILE.csv" in out.stderr
+
+
+def test_commits_and_uncommitted_changes_are_said_when_runs_differ_in_them(tmp_path):
+    other = segment(**{"code.commit": "e" * 40})  # the same source from another commit
+    runs = pair(tmp_path, pt_segment=other)
+    compare(runs, tmp_path / "out")
+    md = (tmp_path / "out" / "comparison.md").read_text()
+    assert (
+        "- code: gpt-norm-harness 0.1.0, commits dddddddddd (hr-s0, hr-s1, hr-s2); eeeeeeeeee (pt-s0, pt-s1, pt-s2) "
+        "(the same source); source sha256 cccccccccccc" in md
+    )
+    assert "not a git checkout" not in md
+    dirty = pair(tmp_path / "dirty", pt_segment=segment(**{"code.dirty": True}))
+    compare(dirty, tmp_path / "out")
+    assert (
+        "commit dddddddddd; uncommitted changes in pt-s0, pt-s1, pt-s2; source sha256"
+        in (tmp_path / "out" / "comparison.md").read_text()
+    )
+
+
+def test_log_every_is_compared_where_a_loss_ceiling_decides_divergence(tmp_path):
+    logged = pair(tmp_path, pt_config={"log": {"log_every": 1}})
+    assert len(compare(logged, tmp_path / "out")["groups"]) == 2  # no ceiling: logging changes nothing
+    ceiling = {"train": {"loss_ceiling": 12.0}}
+    runs = pair(tmp_path / "c", hr_config=ceiling, pt_config={"log": {"log_every": 1}, "train": {"loss_ceiling": 12.0}})
+    with pytest.raises(UserError, match=r"log\.log_every: 10 \(hr-s0, hr-s1, hr-s2\); 1 \(pt-s0, pt-s1, pt-s2\)"):
+        compare(runs, tmp_path / "out")

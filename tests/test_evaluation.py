@@ -5,6 +5,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -170,3 +171,114 @@ def test_a_result_written_before_the_count_was_named_reads_as_tokens_scored(tmp_
     (tmp_path / "eval-test-fp32.json").write_text(json.dumps({"loss": 3.5, "tokens": 32_704, "n_tokens": 32_768}))
     result = read_eval_result(tmp_path, "test", "fp32")
     assert result == {"loss": 3.5, "targets_scored": 32_704, "n_tokens": 32_768}
+
+
+def _cpu_has_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def test_evaluation_sets_its_own_matmul_precision_and_records_it(token_set, tmp_path):
+    from gpt.run.fastpath import apply_tf32, fp32_precision
+
+    trained = _tiny_run(tmp_path, token_set, "wide", "pytorch_layernorm", width=256)  # oneDNN's bf16 path: K >= 256
+    fresh = run_eval(trained, "--json", tmp_path / "fresh.json")
+    assert fresh.returncode == 0, fresh.stderr[-2000:]
+    a = json.loads((tmp_path / "fresh.json").read_text())[0]
+    fp = a["fingerprint"]
+    assert fp["tf32"] is False and set(fp["fp32_matmul"].values()) == {"ieee"} and fp["batch_size"] == 4
+    assert fp["hardware"]["world_size"] == 1 and "dirty" in fp["code"] and fp["code"]["source"]
+    before = fp32_precision()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in the subprocess (OMP_NUM_THREADS=1)
+    try:
+        # what a process may hold when it evaluates after training: a CUDA trainer's TF32, a CPU's bf16 matmuls
+        apply_tf32(True)
+        torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+        ckpt = find_checkpoint(trained)
+        after_training = evaluate_checkpoint(ckpt, Dist(), QUIET, write=False)
+        leaked = after_training["fingerprint"]
+        assert fp32_precision()["mkldnn.matmul"] == "bf16" and fp32_precision()["cuda.matmul"] == "tf32"  # restored
+        if _cpu_has_bf16():  # on this CPU the setting changes the bits: the evaluator must not inherit it
+            cfg = load_config(trained / "config.yaml")
+            model = GPT(cfg.model)
+            from gpt.run.checkpoints import load_weights
+
+            load_weights(model, ckpt)
+            span = TokenRange(TokenFile(Path(a["data_dir"]) / "test.bin"), 0, 3000)
+            inherited, _ = evaluate_loss(model, span, Dist(), seq_len=32, batch_size=4)
+            assert inherited != a["loss"]
+    finally:
+        torch.set_num_threads(threads)
+        for name, mode in before.items():
+            node = torch.backends
+            for part in name.split("."):
+                node = getattr(node, part)
+            node.fp32_precision = mode
+    assert after_training["loss"] == a["loss"]  # the same bits as a fresh evaluate.py
+    assert leaked["tf32"] is False and set(leaked["fp32_matmul"].values()) == {"ieee"}
+
+
+def _tiny_run(folder, token_set, name, norm_type, width=32):
+    from conftest import VOCAB
+
+    path = folder / f"{name}.yaml"
+    path.write_text(f"""
+run: {{name: {name}, dir: {folder / name}, device: cpu}}
+model: {{vocab_size: {VOCAB}, context_length: 32, d_model: {width}, n_layers: 1, n_heads: 2, norm_type: {norm_type}}}
+data: {{path: {token_set}, val_tokens: 2048, test_tokens: 3000}}
+train: {{steps: 4, micro_batch_size: 4, global_batch_size: 8, eval_every: 4, checkpoint_every: 4}}
+log: {{progress: false}}
+""")
+    train(load_config(path))
+    return folder / name
+
+
+def test_results_of_a_patched_evaluator_are_refused_and_named(token_set, tmp_path):
+    # finding 3: a second checkout whose evaluator differs by one uncommitted edit (loss x 1.002)
+    import shutil
+
+    from gpt.analysis.table import compare
+    from gpt.run.fingerprint import SOURCE
+
+    a = _tiny_run(tmp_path, token_set, "hr", "handrolled_layernorm")
+    b = _tiny_run(tmp_path, token_set, "pt", "pytorch_layernorm")
+    patched = tmp_path / "other-checkout"
+    shutil.copytree(SOURCE, patched / "gpt", ignore=shutil.ignore_patterns("__pycache__"))
+    token_loss = patched / "gpt" / "evaluation" / "token_loss.py"
+    text = token_loss.read_text()
+    assert "return (float(total.sum()) / scored" in text
+    token_loss.write_text(
+        text.replace("return (float(total.sum()) / scored", "return (1.002 * float(total.sum()) / scored")
+    )
+    assert run_eval(a).returncode == 0
+    other = subprocess.run(
+        [sys.executable, "-m", "gpt.commands.evaluate", str(b), "--quiet"],
+        capture_output=True,
+        text=True,
+        env={**ENV, "PYTHONPATH": str(patched)},
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert other.returncode == 0, other.stderr[-2000:]
+    ours, theirs = (json.loads((find_checkpoint(r) / "eval-test-fp32.json").read_text()) for r in (a, b))
+    assert ours["fingerprint"]["code"]["source"] != theirs["fingerprint"]["code"]["source"]
+    unpatched = evaluate_checkpoint(find_checkpoint(b), Dist(), QUIET, write=False)["loss"]
+    assert theirs["loss"] == pytest.approx(1.002 * unpatched, rel=1e-9)  # the patched code is what ran
+    source = (ours["fingerprint"]["code"]["source"][:12], theirs["fingerprint"]["code"]["source"][:12])
+    with pytest.raises(
+        UserError,
+        match=rf"evaluation\.code\.source: {source[0]}\.\.\. \(hr\); {source[1]}\.\.\. \(pt\); compare runs",
+    ) as refused:
+        compare([a, b], tmp_path / "cmp")
+    assert "code.commit" not in str(refused.value)  # a commit names the code; its source hash is what counts
+    assert not (tmp_path / "cmp").exists()
+    accepted = compare([a, b], tmp_path / "cmp", allow_differ=["evaluation.code.source"])
+    assert list(accepted["allowed_to_differ"]) == ["evaluation.code.source"]
+    assert (
+        "- **allowed to differ** (--allow-differ): evaluation.code.source: "
+        in (tmp_path / "cmp" / "comparison.md").read_text()
+    )

@@ -106,7 +106,9 @@ def test_a_sweep_becomes_models_a_dataset_and_a_collection(sweep, hub, tmp_path)
         hub, code="from huggingface_hub import DatasetCard; DatasetCard('---\\nlicense: nope\\n---\\nx').validate()"
     )
     assert bad.returncode != 0 and "license" in bad.stderr  # the server's validation can refuse
-    assert "seeds to resolve observed diff" in card.text and "| tiny-no-norm-s0 | no_norm | 0 | diverged |" in card.text
+    assert (
+        "| group | design | p | Holm p (" in card.text and "| tiny-no-norm-s0 | no_norm | 0 | diverged |" in card.text
+    )
     assert "- tiny-no-norm-s0: diverged: published only with --include-failed" in card.text
     assert "source sha256" in card.text and "![test loss](test_loss.png)" in card.text
     assert "python train.py published/runs/tiny-handrolled-rmsnorm-s1/config.yaml" in card.text

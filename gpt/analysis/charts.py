@@ -92,7 +92,8 @@ def comparison_charts(curves: list[tuple[str, list[list[dict]]]], rows: list[dic
     """The curves of every run, coloured by group, and the test-loss bar chart; returns the files.
     ``curves``: each group's label and its runs' metrics records; ``rows``: the comparison's groups."""
     colours = plt.get_cmap("tab10")
-    written = [_plot_curve(colours, curves, curve, out) for curve in CURVES]
+    drawn = [c for c in CURVES if any(c[0] in m for _, runs in curves for metrics in runs for m in metrics)]
+    written = [_plot_curve(colours, curves, curve, out) for curve in drawn]  # a results table has no curves
     return [*written, _plot_test_loss(colours, rows, out / "test_loss.png")]
 
 

@@ -23,16 +23,24 @@ def markdown(result: dict) -> str:
             f"{t['offset'] + t['n_tokens']:,}) of {t['data_dir']} ({t['tokenizer']}), {t['precision']}.",
             "",
         ]
-    lines += shared_lines(result)
+    if result.get("source"):
+        lines += [
+            f"Results from the table {result['source']} (`compare.py --results`): its numbers only; nothing is "
+            "known here of how the runs were trained or evaluated, so nothing of that is checked.",
+            "",
+        ]
+    else:
+        lines += shared_lines(result)
     lines += _main_table(result["groups"])
     lines += [
         "",
-        "Intervals: t distribution; 'paired' pairs runs by seed (same initial weights outside the norm), "
-        "'welch' is unpaired. n/a: fewer than two seeds. Statistics use completed, evaluated runs only. "
+        "Intervals: 95%, t distribution, by the design of the seeds (next section); 'paired' pairs runs by seed "
+        "(same initial weights outside the norm, same data order), 'crossed' analyses a grid of init x data "
+        "seeds, 'welch' is unpaired. n/a: fewer than two seeds. Statistics use completed, evaluated runs only. "
         "skipped steps: updates dropped for a non-finite gradient (fp16 overflow, divergence); a run with "
         "any trained on fewer updates than the rest.",
     ]
-    lines += _noise_table(result)
+    lines += _versus_table(result)
     lines += _task_lines(result)
     lines += _sources_lines(result["groups"])
     left_out = [(g["group"], x) for g in result["groups"] for x in g["left_out"]]
@@ -43,6 +51,24 @@ def markdown(result: dict) -> str:
     if missing:
         lines += ["", "Not evaluated (run `python evaluate.py` on them): " + ", ".join(missing)]
     return "\n".join(lines) + "\n"
+
+
+def _interval(v: dict, fmt) -> str:
+    """A difference as the tables show it: ``+d [low, high] method, size``, or why there is no interval."""
+    if v["method"] is None:
+        return "n/a"
+    if v["method"] == "crossed":
+        size = f" {len(v['init_seeds'])}x{len(v['data_seeds'])}"
+    elif v["method"] == "paired":
+        size = f", {v['n']} pair{'s' if v['n'] != 1 else ''}"
+    else:
+        size = ""
+    if v.get("no_spread"):
+        return f"{fmt(v['diff'], '+')}, no spread ({v['n']} equal differences) {v['method']}{size}"
+    if v.get("design") == stats.INCOMPLETE:
+        missing = ", ".join(f"{i}/{j}" for i, j in v["missing"])
+        return f"n/a: incomplete grid, missing init/data {missing}"
+    return f"{fmt(v['diff'], '+')} [{fmt(v['low'], '+')}, {fmt(v['high'], '+')}] {v['method']}{size}"
 
 
 def _fmt(x, spec=".4f"):
@@ -92,15 +118,13 @@ def shared_lines(result: dict) -> list[str]:
             + (f", CUDA {s['software.cuda']}" if s.get("software.cuda") else "")
         )
     if "code.source" in s:
-        commit = s.get("code.commit")
-        where = (
-            f"commit {commit[:10]}{' with uncommitted changes' if s.get('code.dirty') else ''}"
-            if commit
-            else "not a git checkout"
-        )
         lines.append(
-            f"- code: gpt-norm-harness {s.get('code.version') or '?'}, {where}; source sha256 {s['code.source'][:12]}"
+            f"- code: gpt-norm-harness {s.get('code.version') or '?'}, {_commits(s)}; source sha256 "
+            f"{s['code.source'][:12]}"
         )
+    evaluation = _evaluation_line(s)
+    if evaluation:
+        lines.append(evaluation)
     data = [x for x in (_identity(s, "train"), _identity(s, "val")) if x]
     if data or "evaluation.test" in s:
         lines.append(
@@ -119,6 +143,41 @@ def shared_lines(result: dict) -> list[str]:
             f"only): {', '.join(result['without_fingerprint'])}"
         )
     return lines + [""]
+
+
+def _commits(s: dict) -> str:
+    """The commit(s) the runs were trained from, and which had uncommitted changes."""
+    if s.get("code.commits"):
+        where = "; ".join(f"{c[:10]} ({', '.join(runs)})" for c, runs in s["code.commits"].items())
+        text = f"commits {where} (the same source)"
+    elif s.get("code.commit"):
+        text = f"commit {s['code.commit'][:10]}"
+    else:
+        text = "not a git checkout"
+    if s.get("code.dirty"):
+        text += " with uncommitted changes"
+    elif s.get("code.dirty_runs"):
+        text += f"; uncommitted changes in {', '.join(s['code.dirty_runs'])}"
+    return text
+
+
+def _evaluation_line(s: dict) -> str | None:
+    """How every test loss was computed, where the evaluations agree (they must, or compare refuses them)."""
+    if "evaluation.precision" not in s:
+        return None
+    parts = [s["evaluation.precision"]]
+    if "evaluation.tf32" in s:
+        parts.append("fp32 matmuls in TF32" if s["evaluation.tf32"] else "fp32 matmuls in IEEE fp32 (no TF32)")
+    if "evaluation.batch_size" in s:
+        parts.append(f"batch {s['evaluation.batch_size']}")
+    if "evaluation.hardware.device" in s:
+        parts.append(f"{s['evaluation.hardware.device']} ({s.get('evaluation.hardware.name', '?')})")
+    if "evaluation.software.torch" in s:
+        cuda = s.get("evaluation.software.cuda")
+        parts.append(f"torch {s['evaluation.software.torch']}" + (f", CUDA {cuda}" if cuda else ""))
+    if "evaluation.code.source" in s:
+        parts.append(f"code source sha256 {s['evaluation.code.source'][:12]}")
+    return "- test loss evaluated by one evaluator: " + "; ".join(parts)
 
 
 def _decay_lines(result: dict) -> list[str]:
@@ -145,13 +204,7 @@ def _main_table(rows: list[dict]) -> list[str]:
     ]
     for g in rows:
         v = g["vs_baseline"]
-        if v is None:
-            versus = "baseline"
-        elif v["method"] is None:
-            versus = "n/a"
-        else:
-            pairs = f", {v['n']} pair{'s' if v['n'] != 1 else ''}" if v["method"] == "paired" else ""
-            versus = f"{_loss(v['diff'], '+')} [{_loss(v['low'], '+')}, {_loss(v['high'], '+')}] {v['method']}{pairs}"
+        versus = "baseline" if v is None else _interval(v, _loss)
         status = ", ".join(f"{n} {s}" for s, n in g["status"].items())
         if g["diverged_at"]:
             status += f" (diverged at step {', '.join(str(s) for s in g['diverged_at'])})"
@@ -169,103 +222,157 @@ def _main_table(rows: list[dict]) -> list[str]:
 
 
 TASK_TITLES = {"hellaswag": "HellaSwag"}
-METRIC_NOTE = (
-    "acc: the ending with the highest summed log-probability; acc_norm: per character of the ending "
-    "(lm-evaluation-harness's); acc_token_mean: the lowest mean per-token loss (llm.c's, build-nanogpt's). "
-    "Random guessing: 0.25; OpenAI's GPT-2 124M: 0.2955 acc_token_mean."
-)
+METRIC_NOTES = {
+    "hellaswag": (
+        "acc: the ending with the highest summed log-probability; acc_norm: per character of the ending "
+        "(lm-evaluation-harness's); acc_token_mean: the lowest mean per-token loss (llm.c's, build-nanogpt's). "
+        "Random guessing: 0.25; OpenAI's GPT-2 124M: 0.2955 acc_token_mean."
+    )
+}
 
 
 def _accuracy(m: dict) -> str:
     return f"{_fmt(m['mean'])} [{_fmt(m['ci95'][0])}, {_fmt(m['ci95'][1])}]"
 
 
-def _versus_items(v: dict) -> str:
+def _metric_versus(v: dict) -> str:
+    text = _interval(v, lambda x, sign="": _fmt(x, f"{sign}.4f"))
+    return text if math.isnan(v.get("p", math.nan)) else f"{text}, p {_p(v['p'])} (Holm {_p(v.get('p_holm'))})"
+
+
+def _checkpoint_text(v: dict) -> str:
     if v["method"] != "paired over items":
         return v["method"]
-    text = f"{_fmt(v['diff'], '+.4f')} [{_fmt(v['low'], '+.4f')}, {_fmt(v['high'], '+.4f')}]"
-    if v["mcnemar"] is not None:
-        c = v["mcnemar"]
-        text += f", McNemar p = {c['p']:.3g} ({c['only_this']} vs {c['only_baseline']})"
-    return text
+    c = v["mcnemar"]
+    return (
+        f"{_fmt(v['diff'], '+.4f')} [{_fmt(v['low'], '+.4f')}, {_fmt(v['high'], '+.4f')}], "
+        f"McNemar p = {c['p']:.3g} ({c['only_this']} vs {c['only_baseline']})"
+    )
 
 
 def _task_lines(result: dict) -> list[str]:
-    """Per task (HellaSwag): each group's accuracies over seeds, and the paired difference over items."""
+    """Per task (HellaSwag): each group's metrics over seeds, their differences to the baseline over seeds, and,
+    where two groups have one run each, what the items say about those two checkpoints."""
     lines = []
     for task in sorted({t for g in result["groups"] for t in g.get("tasks", {})}):
         rows = [(g["group"], g["tasks"][task]) for g in result["groups"] if task in g.get("tasks", {})]
         metrics = list(rows[0][1]["metrics"])
-        lines += ["", f"## {TASK_TITLES.get(task, task)} ({rows[0][1]['n_items']:,} items)", "", METRIC_NOTE, ""]
+        items = rows[0][1].get("n_items")
+        title = TASK_TITLES.get(task, task) + (f" ({items:,} items)" if items else "")
+        lines += ["", f"## {title}", ""]
+        if task in METRIC_NOTES:
+            lines += [METRIC_NOTES[task], ""]
         lines += [f"| group | seeds | {' | '.join(metrics)} |", "|---|---|" + "---|" * len(metrics)]
         lines += [
             f"| {name} | {t['n_seeds']} | " + " | ".join(_accuracy(t["metrics"][m]) for m in metrics) + " |"
             for name, t in rows
         ]
+        family = result.get("families", {}).get(task, 0)
         lines += [
             "",
-            f"Against {result['baseline']}, paired over items (per item: the fraction of the group's seeds that "
-            "answered right minus the baseline's; mean and 95% t interval over items; with one seed each, "
-            "McNemar's exact test on the items only one of the two got right):",
+            f"Against {result['baseline']}, over seeds: each run's metric, paired by seed as the test loss is (the "
+            "norm types' comparison: a new seed is a new model); 95% interval, p and its Holm adjustment over the "
+            f"family of {family} comparisons (every group and metric of this task):",
             "",
             f"| group | {' | '.join(metrics)} |",
             "|---|" + "---|" * len(metrics),
         ]
         lines += [
-            f"| {name} | " + " | ".join(_versus_items(t["vs_baseline"][m]) for m in metrics) + " |"
+            f"| {name} | " + " | ".join(_metric_versus(t["vs_baseline"][m]) for m in metrics) + " |"
             for name, t in rows
             if t["vs_baseline"]
         ]
+        pairs = [(name, t["two_checkpoints"]) for name, t in rows if t.get("two_checkpoints")]
+        if pairs:
+            lines += [
+                "",
+                "Two checkpoints, item by item (a statement about these two trained models, one initialisation and "
+                "one data order each, not about their norm types: the items are the only noise it sees): the "
+                "difference in accuracy paired over items with its 95% t interval, and McNemar's exact test on the "
+                "items exactly one of the two got right.",
+                "",
+                f"| checkpoint | against | {' | '.join(metrics)} |",
+                "|---|---|" + "---|" * len(metrics),
+            ]
+            lines += [
+                f"| {c['this']} | {c['baseline']} | " + " | ".join(_checkpoint_text(c[m]) for m in metrics) + " |"
+                for _, c in pairs
+            ]
     return lines
 
 
-def _noise_table(result: dict) -> list[str]:
-    margin = result["equivalence_margin"]
+def _p(x) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3g}"
+
+
+def _versus_table(result: dict) -> list[str]:
+    """Each group against the baseline: the design and what its interval assumes, the p-values (Holm-adjusted
+    over the family), TOST, and the prospective plan."""
+    rows = [g for g in result["groups"] if g["vs_baseline"] is not None]
+    if not rows:
+        return []
+    margin, detect = result["equivalence_margin"], result.get("detect")
     level, power = round(result["level"] * 100), round(result["power"] * 100)
+    bound = round(result.get("plan_confidence", stats.PLAN_CONFIDENCE) * 100)
+    family = result.get("families", {}).get("test_loss", 0)
     verdict_head = f"equivalent within +-{margin:g} (TOST p)" if margin is not None else "equivalent"
+    detect_head = f"pairs to detect {detect:g}" if detect is not None else "pairs to detect (--detect)"
     lines = [
         "",
-        f"## Noise and seeds needed (paired differences vs {result['baseline']})",
+        f"## Against {result['baseline']}: designs, tests, planning",
         "",
-        f"| group | pairs | sd of paired diff | smallest resolvable diff | seeds to resolve observed diff "
-        f"| {verdict_head} |",
-        "|---|---|---|---|---|---|",
+        f"| group | design | p | Holm p ({family} in the family) | {verdict_head} | sd of one difference "
+        f"({bound}% upper bound) | smallest resolvable diff | {detect_head} |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for g in result["groups"]:
+    for g in rows:
         v = g["vs_baseline"]
-        if v is None:
-            continue
-        pairs = str(v["n"]) if v["method"] == "paired" else f"0 ({v['method'] or 'no runs'})"
+        design = v["design"] or "no runs"
         if v["unpaired"]:
-            pairs += f"; unpaired seeds: {', '.join(v['unpaired'])}"
+            design += f"; unpaired seeds: {', '.join(v['unpaired'])}"
+        plan = v.get("plan") or {}
         lines.append(
-            f"| {g['group']} | {pairs} | {_loss(v['sd'])} | {_loss(v['resolvable_diff'])} | "
-            f"{_seeds_needed_text(v)} | {_equivalence_text(v, margin)} |"
+            f"| {g['group']} | {design} | {_p(v['p'])} | {_p(v.get('p_holm'))} | {_equivalence_text(v, margin)} | "
+            f"{_plan_sd(v, plan)} | {_loss(plan.get('resolvable'))} | {_pairs_text(v, plan, detect)} |"
         )
+    designs = sorted({g["vs_baseline"]["design"] for g in rows if g["vs_baseline"]["design"] in stats.ASSUMES})
+    lines += ["", "What each design's interval assumes:"]
+    lines += [f"- {d}: {stats.ASSUMES[d]}." for d in designs]
     lines += [
-        "",
-        "- pairs: seeds that both this group and the baseline completed and evaluated; "
-        "each gives one difference d = loss - baseline loss.",
-        "- sd of paired diff: the sample standard deviation of those differences (the seed-to-seed noise "
-        "that pairing leaves).",
-        f"- smallest resolvable diff: the true mean difference that these pairs find with {power}% power in a "
-        f"two-sided paired t test at {level}% confidence, the sd taken as the truth.",
-        f"- seeds to resolve observed diff: the fewest pairs with which that test finds the observed mean "
-        f"difference with {power}% power.",
-        "- Both are exact: the power of the paired t test comes from the noncentral t distribution "
-        "(scipy.stats.nct), not the central-t shortcut, which overstates it at a few seeds.",
-        "- equivalent within +-margin (--equivalence-margin): two one-sided t tests at 5% each, i.e. the "
-        "90% interval lies inside +-margin; 'not shown' means a difference of the margin is not ruled out.",
+        f"- p: of 'no difference', two-sided, on the interval's degrees of freedom. Holm p: Holm's step-down "
+        f"adjustment over the family of the {family} comparison(s) with the baseline on test loss; with several "
+        f"groups, read these, or some {100 - level}% 'differences' are expected from noise alone.",
+        "- equivalent within +-margin (--equivalence-margin): two one-sided t tests at 5% each on the same "
+        "estimate and degrees of freedom (the 90% interval inside +-margin); 'not shown' means a difference of "
+        "the margin is not ruled out.",
+        f"- sd of one difference: the spread of the difference between two runs with the same fresh seeds, at "
+        f"its one-sided {bound}% upper confidence bound (chi-square; Graybill-Wang for the crossed model's sum "
+        f"of components), so a plan made with it reaches its power with about {bound}% confidence (Browne 1995).",
+        f"- smallest resolvable diff: the true difference these seeds detect with {power}% power (exact, "
+        f"noncentral t, at {level}% confidence) if the noise is at that upper bound.",
+        f"- pairs to detect: the independent seed pairs (each a fresh init and data seed: the fewest runs for a "
+        f"mean difference) with which a true difference of the named size (--detect, else the equivalence "
+        f"margin) is found with {power}% power, the noise at that upper bound. A total, not how many more; fix "
+        "it before training: adding seeds until an interval excludes 0 makes its 5% error larger.",
     ]
     return lines
 
 
-def _seeds_needed_text(v: dict) -> str:
-    if v["method"] != "paired" or v["n"] < 2:
-        return "n/a (needs 2 pairs)"
-    if not v["diff"]:
-        return "n/a (no difference)"
-    return str(v["seeds_needed"]) if v["seeds_needed"] is not None else f"> {stats.MAX_SEEDS:,}"
+def _plan_sd(v: dict, plan: dict) -> str:
+    if plan.get("no_spread"):
+        return "0 (no spread)"
+    return _loss(plan.get("sd_upper"))
+
+
+def _pairs_text(v: dict, plan: dict, detect: float | None) -> str:
+    if plan.get("no_spread"):
+        return f"n/a: every paired difference is {_loss(v['diff'], '+')}, no noise to plan for"
+    if not plan or math.isnan(plan.get("sd_upper", math.nan)):
+        return "n/a (needs 2 paired seeds)"
+    if detect is None:
+        return "give --detect"
+    n = plan["pairs_needed"]
+    return str(n) if n is not None else f"> {stats.MAX_SEEDS:,}"
 
 
 def _equivalence_text(v: dict, margin: float | None) -> str:
@@ -273,14 +380,14 @@ def _equivalence_text(v: dict, margin: float | None) -> str:
         return "give --equivalence-margin"
     eq = v["equivalence"]
     if eq is None or eq["equivalent"] is None:
-        return "n/a (needs 2 pairs)"
+        return "n/a: no spread to test" if v.get("no_spread") else "n/a (needs 2 seeds)"
     return f"{'yes' if eq['equivalent'] else 'not shown'} (p = {eq['p']:.3g})"
 
 
 SOURCES = (
     ("init", "initial weights (model.init_seed)"),
     ("data", "data order (train.seed)"),
-    ("residual", "what remains (their interaction)"),
+    ("residual", "interaction and run-to-run nondeterminism"),
 )
 
 
@@ -304,21 +411,26 @@ def _sources_lines(rows: list[dict]) -> list[str]:
             "",
             f"{group}: {design}, test loss mean {n['mean']:.6f}, total variance {n['total_variance']:.3g}.",
             "",
-            f"| source | sd | variance | {level}% interval (variance) | share |",
-            "|---|---|---|---|---|",
+            f"| source | sd | variance | {level}% interval (variance) | share | {level}% interval (share) |",
+            "|---|---|---|---|---|---|",
         ]
         for key, name in SOURCES:
             c = n["components"][key]
             negative = " (estimate < 0, shown as 0)" if c["estimate"] < 0 else ""
+            low, high = c["share_interval"]
             lines.append(
                 f"| {name} | {c['sd']:.3g} | {c['variance']:.3g}{negative} | [{c['low']:.3g}, "
-                f"{c['high']:.3g}] | {_fmt(c['share'] * 100, '.0f')}% |"
+                f"{c['high']:.3g}] | {_fmt(c['share'] * 100, '.0f')}% | [{low * 100:.0f}%, {high * 100:.0f}%] |"
             )
     lines += [
         "",
         "- Two-way random-effects ANOVA without replication (one run per seed pair): variance from the "
-        "initial weights, from the data order, and the rest; method-of-moments estimates, intervals exact "
-        "(chi-square) for the rest and Graybill-Wang modified large-sample for the two others; a few seeds "
-        "give wide intervals.",
+        "initial weights, from the data order, and the rest. With one run per pair the rest holds the "
+        "interaction of weights and data order together with any run-to-run nondeterminism (bf16, compile "
+        "and atomics on a GPU are not bitwise deterministic); nothing here tells the two apart. Method-of-"
+        "moments estimates; intervals exact (chi-square) for the rest and, for the two others, the modified "
+        "large-sample interval for a difference of mean squares of Ting et al. (1990) as given by Burdick and "
+        "Graybill (1992); the shares' intervals from generalized pivotal quantities (Weerahandi 1993). A few "
+        "seeds give wide intervals: with 3 x 3 a share's interval often spans most of 0-100%.",
     ]
     return lines

@@ -11,18 +11,27 @@ accepts it and says so in the report. How a run is named, logged and published (
 ``log.*``, ``hub.*``) never counts. Statistics use completed, evaluated runs only (whatever
 ``--which`` chooses); every other run is listed with the reason it was left out.
 
-Each group gets the mean and standard deviation of its test loss and its difference to
-the baseline group (``--baseline``, else ``handrolled_layernorm``, else the first norm type
-in the write-up's order) with a 95% interval: **paired by seed** on the seeds both groups
-share (the same seed gives the same initial weights for everything but the norm, so the
-paired difference removes most of the initialisation noise), otherwise Welch's unpaired
-interval. From the paired differences come the exact power numbers (seeds needed, the
-smallest resolvable difference) and, with an equivalence margin, a TOST verdict; from a
-group whose initialisation and data-order seeds are crossed, the variance components
-(``gpt.analysis.stats``).
+Each group gets the mean of its test loss with an interval and its difference to the baseline group
+(``--baseline``, else ``handrolled_layernorm``, else the first norm type in the write-up's order),
+**paired by seed** on the seeds both groups share (the same seed gives the same initial weights for
+everything but the norm, so the paired difference removes most of the initialisation noise),
+otherwise Welch's unpaired interval. A seed is the pair (initialisation seed, data-order seed); the
+design the shared seeds form decides the model behind every interval (``gpt.analysis.stats``:
+independent seeds, crossed seeds, one seed held fixed), and the report says which each row used.
+Each comparison has a p-value and, with more than one group against the baseline, a Holm-adjusted
+one for the family; a prospective plan (``--detect``, the equivalence margin by default) and, with
+a margin, a TOST verdict follow the same model. HellaSwag (every task a run's checkpoint was
+evaluated on) is compared over seeds the same way; its item-level tests are statements about two
+named checkpoints only. A group whose initialisation and data-order seeds are crossed gets its
+variance components.
+
+The evaluations are part of the experiment: their fingerprints (precision path, batch size,
+device, torch and CUDA, the code) are compared like the training runs', so results computed by
+different evaluators are refused unless ``--allow-differ`` names the key.
 
 Only run directories are read (through ``gpt.run.directory``): the config, metrics, summary
-(with the fingerprints) and the evaluation result of the chosen checkpoint.
+(with the fingerprints) and the evaluation results of the chosen checkpoint; or, with ``results``,
+a table of results from anywhere (``gpt.analysis.results``), which every comparison also writes.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpt.analysis import results as results_table
 from gpt.analysis import stats
 from gpt.analysis.charts import comparison_charts
 from gpt.analysis.report import markdown
@@ -41,27 +51,30 @@ from gpt.common.errors import UserError
 from gpt.config import NORM_TYPES, flatten
 from gpt.evaluation import hellaswag
 from gpt.run.directory import COMPARISON_FILE, COMPLETED, DIVERGED, RunDir, read_eval_result
-from gpt.run.fingerprint import computation, informational, shown
+from gpt.run.fingerprint import EVALUATION_INFORMATIONAL, computation, informational, shown
 
 AXIS = "model.norm_type"  # what a comparison compares
 SEED_KEYS = ("train.seed", "model.init_seed")  # the repeats within a group
 # How a run is named, logged, published and stored: nothing it computes (prefetch reads the same batches,
 # tested bit for bit). Validation (train.eval_every) stays compared: it decides the best checkpoint.
 NOT_COMPARED = ("run.", "log.", "hub.", "train.checkpoint_every", "train.keep_last", "train.prefetch")
+# ... except how often the loss is logged where a loss ceiling is set: divergence is checked on logged steps.
+LOGGED_DIVERGENCE = "log.log_every"
 DEFAULT_BASELINE = "handrolled_layernorm"  # the write-up's baseline
+RESULTS_CSV = "runs.csv"  # every comparison's runs as a table (``gpt.analysis.results``), beside comparison.json
 
 
 @dataclass
 class Run:
-    """One run directory, as the comparison sees it."""
+    """One run directory (or one row of a results table), as the comparison sees it."""
 
-    path: Path  # the run directory
+    path: Path  # the run directory (a results table's row: "FILE.csv:LINE")
     config: dict  # its resolved config, flattened: "model.norm_type" -> value
     status: str  # completed, diverged, interrupted or unfinished (gpt.run.directory)
     summary: dict  # its summary.json ({} while it has none)
     metrics: list[dict]  # its metrics.jsonl records
     evaluation: dict | None  # the evaluation result of the chosen checkpoint; None: not evaluated
-    view: dict = field(default_factory=dict)  # what decides its numbers: config and fingerprint (gpt.run.fingerprint)
+    view: dict = field(default_factory=dict)  # what decides its numbers: config, fingerprints (gpt.run.fingerprint)
     tasks: dict = field(default_factory=dict)  # other tasks' results of the chosen checkpoint: {"hellaswag": ...}
 
     @property
@@ -74,9 +87,14 @@ class Run:
         return self.data_seed if init is None else init
 
     @property
+    def cell(self) -> tuple[int, int]:
+        """(initialisation seed, data-order seed): where the run sits in its group's design."""
+        return self.init_seed, self.data_seed
+
+    @property
     def seed(self) -> str:
         """``"3"`` when the initial weights and the data order share seed 3, else ``"init/data"``."""
-        return str(self.data_seed) if self.init_seed == self.data_seed else f"{self.init_seed}/{self.data_seed}"
+        return seed_label(self.cell)
 
     @property
     def usable(self) -> bool:
@@ -94,10 +112,16 @@ class Run:
 
     def left_out_because(self) -> str:
         if self.status == DIVERGED:
-            return f"diverged at step {self.summary.get('diverged_at_step')}"
+            step = self.summary.get("diverged_at_step")
+            return "diverged" if step is None else f"diverged at step {step}"
         if self.status != COMPLETED:
             return self.status
         return "not evaluated"
+
+
+def seed_label(cell: tuple[int, int]) -> str:
+    init, data = cell
+    return str(data) if init == data else f"{init}/{data}"
 
 
 @dataclass
@@ -108,9 +132,13 @@ class Group:
     values: dict  # the values that define the group: model.norm_type and the --vary keys
     runs: list[Run] = field(default_factory=list)  # one per seed
 
-    def losses_by_seed(self) -> dict[str, float]:
-        """Test loss by seed, of the runs that enter the statistics."""
-        return {r.seed: r.evaluation["loss"] for r in self.runs if r.usable}
+    def losses_by_cell(self) -> dict[tuple[int, int], float]:
+        """Test loss by (init seed, data seed), of the runs that enter the statistics."""
+        return {r.cell: r.evaluation["loss"] for r in self.runs if r.usable}
+
+    def task_runs(self, task: str) -> list[Run]:
+        """The completed runs that have a result of ``task``."""
+        return [r for r in self.runs if r.status == COMPLETED and task in r.tasks]
 
 
 def load_run(
@@ -137,10 +165,25 @@ def load_run(
     span = None if tokens is None else (start, start + tokens)
     evaluation = read_eval_result(ckpt, split, precision, span) if ckpt is not None else None
     tasks = {hellaswag.RESULT: read_eval_result(ckpt, hellaswag.RESULT, precision)} if ckpt is not None else {}
-    view = computation(config, summary.get("segments"))
-    return Run(
-        path, config, run.status(), summary, run.metrics(), evaluation, view, {k: v for k, v in tasks.items() if v}
-    )
+    tasks = {k: v for k, v in tasks.items() if v}
+    view = {**computation(config, summary.get("segments")), **evaluation_view(evaluation, tasks)}
+    return Run(path, config, run.status(), summary, run.metrics(), evaluation, view, tasks)
+
+
+def evaluation_view(evaluation: dict | None, tasks: dict) -> dict:
+    """The compared keys of a run's evaluations, flat: the test loss's fingerprint under ``evaluation.``, each
+    task's under ``<task>.evaluation.`` (``hellaswag.evaluation.code.source``). What cannot change a number
+    (``gpt.run.fingerprint.EVALUATION_INFORMATIONAL``) is left out; the test tokens are checked on their own
+    (``check_comparable``)."""
+    out = {}
+    for prefix, result in (("evaluation", evaluation), *((f"{t}.evaluation", r) for t, r in sorted(tasks.items()))):
+        if result is None:
+            continue
+        recorded = flatten(result.get("fingerprint") or {})
+        if "batch_size" not in recorded and result.get("batch_size") is not None:  # a result from before
+            recorded["batch_size"] = result["batch_size"]
+        out.update({f"{prefix}.{k}": v for k, v in recorded.items() if not k.startswith(EVALUATION_INFORMATIONAL)})
+    return out
 
 
 def _named(key: str, names) -> bool:
@@ -149,20 +192,32 @@ def _named(key: str, names) -> bool:
 
 
 def _compared_keys(runs: list[Run]) -> list[str]:
+    ceiling = any(r.config.get("train.loss_ceiling") is not None for r in runs)
     return sorted(
         k
         for k in {k for r in runs for k in r.view}
-        if not k.startswith(NOT_COMPARED) and k != AXIS and k not in SEED_KEYS
+        if (not k.startswith(NOT_COMPARED) or (ceiling and k == LOGGED_DIVERGENCE)) and k != AXIS and k not in SEED_KEYS
     )
 
 
 NOT_RECORDED = "not recorded"  # a key a run has no value for (a run from before fingerprints)
 
 
+def _evaluated(r: Run, key: str) -> bool:
+    """Whether ``r`` has the evaluation an evaluation key is about: only those evaluations are compared (a run
+    not evaluated, or not on that task, has nothing to disagree with)."""
+    if key.startswith("evaluation."):
+        return r.evaluation is not None
+    task, _, rest = key.partition(".")
+    return task in r.tasks if rest.startswith("evaluation.") else True
+
+
 def _by_value(runs: list[Run], key: str) -> dict[str, list[Run]]:
     """The runs by their value of ``key``, as it is shown (gpt.run.fingerprint.shown)."""
     out: dict[str, list[Run]] = {}
     for r in runs:
+        if not _evaluated(r, key):
+            continue
         out.setdefault(shown(r.view[key]) if key in r.view else NOT_RECORDED, []).append(r)
     return out
 
@@ -296,53 +351,23 @@ def check_comparable(runs: list[Run]) -> None:
     )
 
 
-def difference(group: Group, baseline: Group) -> dict:
-    """group - baseline test loss. Paired on the seeds both share when there are at least two (or when no
-    unpaired interval is possible anyway); otherwise Welch's unpaired interval over all their runs."""
-    a, b = group.losses_by_seed(), baseline.losses_by_seed()
-    if not a or not b:
-        return {
-            "method": None,
-            "diff": math.nan,
-            "low": math.nan,
-            "high": math.nan,
-            "n": 0,
-            "sd": math.nan,
-            "unpaired": [],
-        }
-    shared = sorted(set(a) & set(b))
-    unpaired = sorted(set(a) ^ set(b))
-    if len(shared) >= 2 or (shared and min(len(a), len(b)) < 2):
-        return {**stats.paired([a[s] - b[s] for s in shared]), "unpaired": unpaired}
-    return {**stats.welch(list(a.values()), list(b.values())), "unpaired": unpaired}
-
-
-def noise(versus: dict, diffs: list[float], margin: float | None) -> dict:
-    """What the paired differences say about seeds: the smallest difference the current pairs resolve,
-    the pairs needed to resolve the observed one, and (with a margin) equivalence."""
-    if versus["method"] != "paired" or versus["n"] < 2:
-        return {"resolvable_diff": math.nan, "seeds_needed": None, "equivalence": None}
+def versus(cells: dict, base: dict, margin: float | None, detect: float | None) -> dict:
+    """``cells - base`` (``stats.difference``) with its TOST verdict (with a margin) and its prospective plan."""
+    v = stats.difference(cells, base)
+    usable = v["method"] is not None and not math.isnan(v["se"])
     return {
-        "resolvable_diff": stats.resolvable_difference(versus["sd"], versus["n"]),
-        "seeds_needed": stats.seeds_needed(versus["diff"], versus["sd"]),
-        "equivalence": stats.equivalence(diffs, margin) if margin is not None else None,
+        **v,
+        "unpaired": [seed_label(k) for k in v["unpaired"]],
+        "equivalence": stats.equivalence(v, margin) if margin is not None and usable else None,
+        "plan": stats.plan(v, detect) if v["method"] in ("paired", "crossed") else None,
     }
-
-
-def _versus(g: Group, baseline: Group, margin: float | None) -> dict | None:
-    if g is baseline:
-        return None
-    v = difference(g, baseline)
-    a, b = g.losses_by_seed(), baseline.losses_by_seed()
-    diffs = [a[s] - b[s] for s in sorted(set(a) & set(b))]
-    return {**v, **noise(v, diffs, margin)}
 
 
 def crossed(group: Group) -> dict | None:
     """The variance components of a group whose initialisation and data-order seeds are crossed (every
     pair of at least 2 x 2 evaluated); the missing pairs of a design that is crossed but incomplete;
     None for a group whose seeds are not crossed (one data seed per initialisation, the usual case)."""
-    cells = {(r.init_seed, r.data_seed): r.evaluation["loss"] for r in group.runs if r.usable}
+    cells = group.losses_by_cell()
     inits, datas = sorted({i for i, _ in cells}), sorted({j for _, j in cells})
     per_init = max((sum(i == k for k, _ in cells) for i in inits), default=0)
     per_data = max((sum(j == k for _, k in cells) for j in datas), default=0)
@@ -356,8 +381,9 @@ def crossed(group: Group) -> dict | None:
 
 
 def shared_by_all(runs: list[Run]) -> dict:
-    """The computation keys on which every run agrees (flat), and the recorded-only ones (code commit, ...)
-    where they agree too."""
+    """The computation keys on which every run agrees (flat); the recorded-only ones (code commit, ...) where
+    they agree too; and, where the runs' commits or uncommitted changes differ, which do (``code.commits``:
+    each commit with its runs; ``code.dirty_runs``: the runs with uncommitted changes)."""
     shared = {}
     for key in _compared_keys(runs):
         by_value = _by_value(runs, key)
@@ -368,6 +394,15 @@ def shared_by_all(runs: list[Run]) -> dict:
         values = {json.dumps(n.get(key), sort_keys=True) for n in notes}
         if len(values) == 1:
             shared[key] = notes[0][key]
+    commits: dict[str, list[str]] = {}
+    for r, n in zip(runs, notes):
+        for commit in n.get("code.commit") if isinstance(n.get("code.commit"), list) else [n.get("code.commit")]:
+            commits.setdefault(commit or "not a git checkout", []).append(r.path.name)
+    if len(commits) > 1:
+        shared["code.commits"] = commits
+    dirty = [r.path.name for r, n in zip(runs, notes) if n.get("code.dirty") is True or n.get("code.dirty") == [True]]
+    if dirty and "code.dirty" not in shared:
+        shared["code.dirty_runs"] = dirty
     test = {tokens_evaluated(r.evaluation) for r in runs if r.evaluation is not None}
     if len(test) == 1:
         shared["evaluation.test"] = test.pop()
@@ -377,18 +412,27 @@ def shared_by_all(runs: list[Run]) -> dict:
     return shared
 
 
-def summarise(groups: list[Group], baseline_label: str, margin: float | None = None) -> dict:
+def summarise(
+    groups: list[Group], baseline_label: str, margin: float | None = None, detect: float | None = None
+) -> dict:
+    """Every group's row, the family of comparisons with the baseline and the test range; ``detect``: the
+    difference a plan is for (default: ``margin``)."""
+    detect = margin if detect is None else detect
     baseline = next(g for g in groups if g.label == baseline_label)
-    rows = [_row(g, baseline, margin) for g in groups]
+    rows = [_row(g, baseline, margin, detect) for g in groups]
+    families = _adjust_for_multiplicity(rows)
     test = next((r.evaluation for g in groups for r in g.runs if r.evaluation), None)
     return {
         "baseline": baseline_label,
         "equivalence_margin": margin,
+        "detect": detect,
         "level": stats.LEVEL,
         "power": stats.POWER,
+        "plan_confidence": stats.PLAN_CONFIDENCE,
+        "families": families,
         "groups": rows,
         "test_range": None
-        if test is None
+        if test is None or "split" not in test
         else {
             k: test.get(k)
             for k in ("data_dir", "split", "offset", "n_tokens", "targets_scored", "tokenizer", "precision")
@@ -396,19 +440,37 @@ def summarise(groups: list[Group], baseline_label: str, margin: float | None = N
     }
 
 
-def _row(g: Group, baseline: Group, margin: float | None) -> dict:
-    losses = list(g.losses_by_seed().values())
-    mean, sd, half = stats.mean_interval(losses)
+def _adjust_for_multiplicity(rows: list[dict]) -> dict:
+    """Holm-adjust each family of comparisons with the baseline, in place (``p_holm``); return each family's
+    size: the test loss's (one per group with a p-value) and each task's (one per group and metric)."""
+    families = {"test_loss": [r["vs_baseline"] for r in rows if r["vs_baseline"] is not None]}
+    for task in sorted({t for r in rows for t in r["tasks"]}):
+        families[task] = [
+            v for r in rows if task in r["tasks"] for v in (r["tasks"][task]["vs_baseline"] or {}).values()
+        ]
+    sizes = {}
+    for name, members in families.items():
+        members = [v for v in members if not math.isnan(v["p"])]
+        for v, p in zip(members, stats.holm([v["p"] for v in members])):
+            v["p_holm"] = p
+        sizes[name] = len(members)
+    return sizes
+
+
+def _row(g: Group, baseline: Group, margin: float | None, detect: float | None) -> dict:
+    cells = g.losses_by_cell()
+    mean = stats.mean_of(cells)
     finished = [r for r in g.runs if r.summary]
     return {
         "group": g.label,
         "values": g.values,
         "seeds": [r.seed for r in g.runs],
-        "n_evaluated": len(losses),
-        "test_loss_mean": mean,
-        "test_loss_std": sd,
-        "test_loss_ci95": [mean - half, mean + half],
-        "vs_baseline": _versus(g, baseline, margin),
+        "n_evaluated": len(cells),
+        "test_loss_mean": mean["mean"],
+        "test_loss_std": mean["sd"],
+        "test_loss_ci95": [mean["low"], mean["high"]],
+        "test_loss_design": mean["design"],
+        "vs_baseline": None if g is baseline else versus(cells, baseline.losses_by_cell(), margin, detect),
         "tasks": task_rows(g, baseline),
         "tokens_per_s_mean": _mean([r.summary.get("tokens_per_s") for r in finished]),
         "wall_seconds_mean": _mean([r.summary.get("wall_seconds") for r in finished]),
@@ -434,42 +496,79 @@ def _row(g: Group, baseline: Group, margin: float | None) -> dict:
     }
 
 
+def task_metrics(result: dict) -> list[str]:
+    """The metrics a task's result holds (it names them under ``metrics``, as HellaSwag's does)."""
+    return [m for m in result.get("metrics") or {} if isinstance(result.get(m), (int, float))]
+
+
+def metric_cells(runs: list[Run], task: str, metric: str) -> dict[tuple[int, int], float]:
+    """A task's metric by (init seed, data seed), of the runs whose result has it."""
+    return {r.cell: r.tasks[task][metric] for r in runs if isinstance(r.tasks[task].get(metric), (int, float))}
+
+
 def task_rows(g: Group, baseline: Group) -> dict:
-    """Each task the group's runs were evaluated on (HellaSwag): every metric's mean over seeds with its t
-    interval, and, beside the baseline, the paired difference over items (every model answers the same items)."""
+    """Each task the group's runs were evaluated on (HellaSwag): every metric's mean over seeds with its interval
+    and, beside the baseline, its difference over seeds (each run's metric, paired by seed: the same models as the
+    test loss). With one run each, also the item-level statement about those two checkpoints."""
     out = {}
     for task in sorted({t for r in g.runs for t in r.tasks}):
-        results = [r.tasks[task] for r in g.runs if r.status == COMPLETED and task in r.tasks]
-        base = [r.tasks[task] for r in baseline.runs if r.status == COMPLETED and task in r.tasks]
-        if not results:
+        runs, base = g.task_runs(task), baseline.task_runs(task)
+        if not runs:
             continue
-        row = {"n_seeds": len(results), "n_items": results[0]["n_items"], "metrics": {}, "vs_baseline": None}
-        for metric in hellaswag.METRICS:
-            mean, sd, half = stats.mean_interval([x[metric] for x in results])
-            row["metrics"][metric] = {"mean": mean, "sd": sd, "ci95": [mean - half, mean + half]}
+        metrics = task_metrics(runs[0].tasks[task])
+        row = {
+            "n_seeds": len(runs),
+            "n_items": runs[0].tasks[task].get("n_items"),
+            "metrics": {},
+            "vs_baseline": None,
+            "two_checkpoints": None,
+        }
+        for metric in metrics:
+            m = stats.mean_of(metric_cells(runs, task, metric))
+            row["metrics"][metric] = {
+                "mean": m["mean"],
+                "sd": m["sd"],
+                "ci95": [m["low"], m["high"]],
+                "design": m["design"],
+            }
         if g is not baseline and base:
-            row["vs_baseline"] = {metric: items_paired(results, base, metric) for metric in hellaswag.METRICS}
+            row["vs_baseline"] = {
+                metric: versus(metric_cells(runs, task, metric), metric_cells(base, task, metric), None, None)
+                for metric in metrics
+            }
+            if len(runs) == len(base) == 1 and "answers" in runs[0].tasks[task] and "answers" in base[0].tasks[task]:
+                a, b = runs[0], base[0]
+                row["two_checkpoints"] = {
+                    "this": str(a.path),
+                    "baseline": str(b.path),
+                    **{metric: items_paired(a.tasks[task], b.tasks[task], metric) for metric in metrics},
+                }
         out[task] = row
     return out
 
 
-def items_paired(results: list[dict], base: list[dict], metric: str) -> dict:
-    """The accuracy difference to the baseline, paired over items: per item, the fraction of this group's seeds
-    that answered right minus the baseline's; its mean and t interval over items. With one seed each, also
-    McNemar's exact test on the items exactly one of the two got right."""
-    labels = results[0]["labels"]
-    if any(x["labels"] != labels for x in results + base):
+def items_paired(result: dict, base: dict, metric: str) -> dict:
+    """Two checkpoints' accuracies on the same items: the difference paired over items with its t interval, and
+    McNemar's exact test on the items exactly one of the two got right. A statement about these two models (this
+    initialisation, this data order), not about their norm types: ``task_rows`` compares those over seeds."""
+    labels = result["labels"]
+    if base["labels"] != labels:
         return {"method": "not paired: the runs answered different items", "diff": math.nan}
 
-    def right(xs):  # (seeds, items): 1 where the answer is the label
-        return np.array([[a == lab for a, lab in zip(x["answers"][metric], labels)] for x in xs], dtype=float)
+    def right(x):  # (items,): 1 where the answer is the label
+        return np.array([a == lab for a, lab in zip(x["answers"][metric], labels)], dtype=float)
 
-    a, b = right(results), right(base)
-    out = {**stats.paired(list(a.mean(0) - b.mean(0))), "method": "paired over items", "mcnemar": None}
-    if len(results) == len(base) == 1:
-        only_a, only_b = int(((a[0] == 1) & (b[0] == 0)).sum()), int(((a[0] == 0) & (b[0] == 1)).sum())
-        out["mcnemar"] = {"only_this": only_a, "only_baseline": only_b, "p": stats.mcnemar(only_a, only_b)}
-    return out
+    a, b = right(result), right(base)
+    est = stats.mean_of({(k, k): float(d) for k, d in enumerate(a - b)})
+    only_a, only_b = int(((a == 1) & (b == 0)).sum()), int(((a == 0) & (b == 1)).sum())
+    return {
+        "method": "paired over items",
+        "diff": est["mean"],
+        "low": est["low"],
+        "high": est["high"],
+        "n": est["n"],
+        "mcnemar": {"only_this": only_a, "only_baseline": only_b, "p": stats.mcnemar(only_a, only_b)},
+    }
 
 
 def _decayed_norm_params(run: Run) -> int | None:
@@ -498,6 +597,42 @@ def json_safe(value):
     return value
 
 
+def runs_from_results(path: Path) -> list[Run]:
+    """A results table's rows as runs (``gpt.analysis.results.read_results``): each row a completed run of its
+    group at its seeds, its test loss its evaluation, its other metrics tasks."""
+    runs = []
+    for row in results_table.read_results(path):
+        tasks = {task: {"metrics": dict.fromkeys(values), **values} for task, values in row["tasks"].items()}
+        runs.append(
+            Run(
+                Path(f"{Path(path).name}:{row['line']}"),
+                {AXIS: row["group"], "train.seed": row["data_seed"], "model.init_seed": row["init_seed"]},
+                row["status"],
+                {},
+                [],
+                None if row["test_loss"] is None else {"loss": row["test_loss"]},
+                tasks=tasks,
+            )
+        )
+    return runs
+
+
+def results_rows(groups: list[Group]) -> list[dict]:
+    """Every run of the comparison as a results table's row (``gpt.analysis.results.write_results``)."""
+    return [
+        {
+            "group": g.label,
+            "init_seed": r.init_seed,
+            "data_seed": r.data_seed,
+            "status": r.status,
+            "test_loss": r.evaluation["loss"] if r.evaluation is not None else None,
+            "tasks": {t: {m: r.tasks[t][m] for m in task_metrics(r.tasks[t])} for t in sorted(r.tasks)},
+        }
+        for g in groups
+        for r in g.runs
+    ]
+
+
 def compare(
     paths: list[Path],
     out: Path,
@@ -507,37 +642,51 @@ def compare(
     split: str = "test",
     precision: str = "fp32",
     equivalence_margin: float | None = None,
+    detect: float | None = None,
     vary: list[str] = (),
     allow_differ: list[str] = (),
     tokens: int | None = None,
     offset: int | None = None,
+    results: Path | None = None,
 ) -> dict:
-    """Write comparison.md, comparison.json and the plots into ``out``; return the result. Runs that differ
-    in more than the norm and the seeds are refused before anything is written, unless each differing key
-    is named in ``vary`` (a group per value) or ``allow_differ`` (accepted, and said in the report)."""
-    if equivalence_margin is not None and not equivalence_margin > 0:
-        raise UserError(f"--equivalence-margin {equivalence_margin} must be > 0 (a loss difference, e.g. 0.01)")
-    runs = [load_run(p, which, split, precision, tokens, offset) for p in paths]
+    """Write comparison.md, comparison.json, runs.csv and the plots into ``out``; return the result. Runs that
+    differ in more than the norm and the seeds are refused before anything is written, unless each differing
+    key is named in ``vary`` (a group per value) or ``allow_differ`` (accepted, and said in the report).
+    ``results``: a results table (CSV) to compare instead of run directories."""
+    for flag, value in (("--equivalence-margin", equivalence_margin), ("--detect", detect)):
+        if value is not None and not value > 0:
+            raise UserError(f"{flag} {value} must be > 0 (a loss difference, e.g. 0.01)")
+    if results is not None:
+        if paths:
+            raise UserError("give run directories or --results FILE.csv, not both")
+        if vary or allow_differ:
+            raise UserError("--vary and --allow-differ read run directories; a results table has groups already")
+        runs = runs_from_results(results)
+    else:
+        runs = [load_run(p, which, split, precision, tokens, offset) for p in paths]
     if not runs:
         raise UserError("no runs to compare")
     check_names(runs, vary, allow_differ)
-    check_comparable(runs)
+    if results is None:  # a results table holds test losses, not what they were measured on
+        check_comparable(runs)
     allowed = check_only_the_norm_differs(runs, vary, allow_differ)
     groups = group_runs(runs, vary)
     baseline, why = choose_baseline(groups, baseline)
     result = {
-        **summarise(groups, baseline, equivalence_margin),
+        **summarise(groups, baseline, equivalence_margin, detect),
         "baseline_rule": why,
-        "shared": shared_by_all(runs),
+        "source": str(results) if results is not None else None,
+        "shared": shared_by_all(runs) if results is None else {},
         "allowed_to_differ": allowed,
         "varied": list(vary),
-        "without_fingerprint": [r.path.name for r in runs if not r.fingerprinted],
+        "without_fingerprint": [r.path.name for r in runs if not r.fingerprinted] if results is None else [],
     }
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "comparison.md").write_text(markdown(result))
     text = json.dumps(json_safe(result), indent=2, default=str, allow_nan=False)  # NaN -> null: standard JSON
     (out / COMPARISON_FILE).write_text(text + "\n")
+    results_table.write_results(results_rows(groups), out / RESULTS_CSV)
     curves = [(g.label, [r.metrics for r in g.runs]) for g in groups]
     result["plots"] = [str(p) for p in comparison_charts(curves, result["groups"], out)]
     return result

@@ -3,14 +3,17 @@
     python scripts/compare.py runs/* [--baseline handrolled_layernorm] [--out comparison/] [--equivalence-margin 0.01]
     python scripts/compare.py runs/* --vary optim.lr --baseline "handrolled_layernorm, optim.lr=0.0014"
     python scripts/compare.py runs/* --allow-differ hardware.name     # seeds trained on two kinds of GPU
+    python scripts/compare.py --results table.csv --detect 0.01       # numbers from anywhere (gpt.analysis.results)
     python -m gpt.commands.compare ...   /   gpt-compare ...
 
 Reads only run directories (config, metrics, summary with the fingerprints, and the
 evaluation result that evaluate.py wrote beside the chosen checkpoint). Runs must differ in
 the norm type and the seeds only: any other difference in their configs or fingerprints
 (precision as used, data contents, hardware, code, ...) is refused, naming each key, unless
---vary or --allow-differ names it. Writes comparison.md, comparison.json, train_loss.png,
-val_loss.png, grad_norm.png and test_loss.png into --out, and prints the report.
+--vary or --allow-differ names it; so is any difference in how they were evaluated (the
+evaluation's fingerprint: precision path, batch size, device, torch, code). Writes
+comparison.md, comparison.json, runs.csv (the numbers, as --results reads them),
+train_loss.png, val_loss.png, grad_norm.png and test_loss.png into --out, and prints the report.
 """
 
 from __future__ import annotations
@@ -26,7 +29,14 @@ from gpt.config import PRECISIONS
 def build_parser() -> argparse.ArgumentParser:
     """The command's arguments (``--help`` shows them)."""
     parser = parser_for(__doc__)
-    parser.add_argument("runs", nargs="+", type=Path, metavar="RUN")
+    parser.add_argument("runs", nargs="*", type=Path, metavar="RUN")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        metavar="FILE.csv",
+        help="compare a table of results instead of run directories: columns group, init_seed, data_seed, "
+        "test_loss, optionally status and TASK.METRIC columns (as every comparison's runs.csv)",
+    )
     parser.add_argument(
         "--baseline",
         help="group to compare against (default: handrolled_layernorm; without it, "
@@ -49,6 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(two one-sided t tests on the paired differences)",
     )
     parser.add_argument(
+        "--detect",
+        type=float,
+        metavar="DELTA",
+        help="plan for a true difference of DELTA: the independent seed pairs that find it with 80%% power "
+        "(default: the equivalence margin)",
+    )
+    parser.add_argument(
         "--tokens",
         type=int,
         metavar="N",
@@ -56,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
         "default: over each run's configured test range)",
     )
     parser.add_argument("--offset", type=int, help="with --tokens: the first token (default: data.test_offset)")
+    _add_differing_keys(parser)
+    return parser
+
+
+def _add_differing_keys(parser: argparse.ArgumentParser) -> None:
+    """--vary and --allow-differ: the keys runs may differ in, and how."""
     parser.add_argument(
         "--vary",
         action="append",
@@ -72,13 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="a key the runs may differ in without forming groups; the report says so "
         "(repeatable; a prefix like data.train names every key under it)",
     )
-    return parser
 
 
 @command
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if not args.runs and args.results is None:
+        parser.error("give the run directories to compare, or --results FILE.csv")
     if args.offset is not None and args.tokens is None:
         parser.error("--offset needs --tokens: a range kept by evaluate.py is named by its first and last token")
 
@@ -93,14 +117,16 @@ def main(argv: list[str] | None = None) -> int:
         split=args.split,
         precision=args.precision,
         equivalence_margin=args.equivalence_margin,
+        detect=args.detect,
         vary=args.vary,
         allow_differ=args.allow_differ,
         tokens=args.tokens,
         offset=args.offset,
+        results=args.results,
     )
     print(markdown(result), end="")
     print(
-        f"\nwrote {args.out / 'comparison.md'}, comparison.json and plots: "
+        f"\nwrote {args.out / 'comparison.md'}, comparison.json, runs.csv and plots: "
         + ", ".join(Path(p).name for p in result["plots"])
     )
     return 0

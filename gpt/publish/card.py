@@ -169,7 +169,7 @@ def experiment_lines(x: dict) -> list[str]:
     return [
         "",
         f"Part of a sweep published whole: the comparison of every run, with the group means, their "
-        f"intervals, the seeds needed and every run's data, is the dataset "
+        f"intervals, their designs and plans, and every run's data, is the dataset "
         f"[{x['dataset']}](https://huggingface.co/datasets/{x['dataset']}). This run's row:",
         "",
         "| run | norm type | seed | status | test loss |",

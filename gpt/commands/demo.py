@@ -6,8 +6,8 @@
 Prepares the Shakespeare token set (data/shakespeare) if it is missing, trains the tiny
 model of configs/demo.yaml for the write-up's question with three seeds (hand-rolled
 against PyTorch LayerNorm, --pair-seeds) and every other norm type with one (--seeds),
-evaluates each on the held-out test split, and prints the comparison: intervals, the
-seeds a difference needs, and whether the pair is equivalent within --equivalence-margin.
+evaluates each on the held-out test split, and prints the comparison: intervals, the seed
+pairs a difference of --equivalence-margin needs, and whether the pair is equivalent within it.
 It is the same path as a real experiment (prepare_data, train, evaluate, compare through
 the sweep), only small: what it shows and what it cannot is in the README. Rerunning it
 skips what is done.

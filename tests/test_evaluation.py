@@ -182,7 +182,7 @@ def _cpu_has_bf16() -> bool:
 
 
 def test_evaluation_sets_its_own_matmul_precision_and_records_it(token_set, tmp_path):
-    from gpt.run.fastpath import apply_tf32, fp32_precision
+    from gpt.run.fastpath import apply_tf32, fp32_precision, set_fp32_precision
 
     trained = _tiny_run(tmp_path, token_set, "wide", "pytorch_layernorm", width=256)  # oneDNN's bf16 path: K >= 256
     fresh = run_eval(trained, "--json", tmp_path / "fresh.json")
@@ -213,11 +213,7 @@ def test_evaluation_sets_its_own_matmul_precision_and_records_it(token_set, tmp_
             assert inherited != a["loss"]
     finally:
         torch.set_num_threads(threads)
-        for name, mode in before.items():
-            node = torch.backends
-            for part in name.split("."):
-                node = getattr(node, part)
-            node.fp32_precision = mode
+        set_fp32_precision(before)
     assert after_training["loss"] == a["loss"]  # the same bits as a fresh evaluate.py
     assert leaked["tf32"] is False and set(leaked["fp32_matmul"].values()) == {"ieee"}
 

@@ -302,7 +302,7 @@ def _task_lines(result: dict) -> list[str]:
 
 
 def _p(x) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3g}"
+    return _fmt(x, ".3g")
 
 
 def _versus_table(result: dict) -> list[str]:

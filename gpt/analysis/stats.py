@@ -110,6 +110,15 @@ def t_interval(mean: float, se: float, df: float, level: float = LEVEL) -> dict:
     return {"mean": mean, "se": se, "df": df, "low": mean - half, "high": mean + half, "p": p, "no_spread": False}
 
 
+def as_grid(cells: dict) -> tuple[list, list, np.ndarray | None, list]:
+    """Cells keyed ``(init seed, data seed)`` as a grid: its init seeds and data seeds (sorted), the values as an
+    array ``[init, data]`` (None where a cell is missing) and the missing ``(init, data)`` cells."""
+    inits, datas = sorted({i for i, _ in cells}), sorted({j for _, j in cells})
+    missing = [(i, j) for i in inits for j in datas if (i, j) not in cells]
+    values = None if missing else np.array([[cells[i, j] for j in datas] for i in inits], dtype=float)
+    return inits, datas, values, missing
+
+
 def mean_of(cells: dict, level: float = LEVEL) -> dict:
     """The mean of ``cells`` (``{(init seed, data seed): value}``) with its interval, by their design.
 
@@ -121,13 +130,10 @@ def mean_of(cells: dict, level: float = LEVEL) -> dict:
     kind = design(cells)
     n = len(cells)
     if kind == CROSSED:
-        inits, datas = sorted({i for i, _ in cells}), sorted({j for _, j in cells})
-        grid = np.array([[cells[i, j] for j in datas] for i in inits], dtype=float)
-        return {**crossed_mean(grid, level), "design": kind, "init_seeds": inits, "data_seeds": datas}
+        inits, datas, values, _ = as_grid(cells)
+        return {**crossed_mean(values, level), "design": kind, "init_seeds": inits, "data_seeds": datas}
     if kind == INCOMPLETE:
-        inits, datas = sorted({i for i, _ in cells}), sorted({j for _, j in cells})
-        missing = [(i, j) for i in inits for j in datas if (i, j) not in cells]
-        return {**_undefined(n), "design": kind, "missing": missing}
+        return {**_undefined(n), "design": kind, "missing": as_grid(cells)[3]}
     values = np.array(list(cells.values()), dtype=float)
     if n < 2:
         return {**_undefined(n), "mean": float(values.mean()) if n else math.nan, "design": kind}

@@ -368,16 +368,14 @@ def crossed(group: Group) -> dict | None:
     pair of at least 2 x 2 evaluated); the missing pairs of a design that is crossed but incomplete;
     None for a group whose seeds are not crossed (one data seed per initialisation, the usual case)."""
     cells = group.losses_by_cell()
-    inits, datas = sorted({i for i, _ in cells}), sorted({j for _, j in cells})
+    inits, datas, values, missing = stats.as_grid(cells)
     per_init = max((sum(i == k for k, _ in cells) for i in inits), default=0)
     per_data = max((sum(j == k for _, k in cells) for j in datas), default=0)
     if per_init < 2 or per_data < 2:
         return None
-    missing = [f"{i}/{j}" for i in inits for j in datas if (i, j) not in cells]
     if missing:
-        return {"init_seeds": inits, "data_seeds": datas, "missing": missing}
-    table = np.array([[cells[i, j] for j in datas] for i in inits])
-    return {"init_seeds": inits, "data_seeds": datas, "missing": [], **stats.variance_components(table)}
+        return {"init_seeds": inits, "data_seeds": datas, "missing": [f"{i}/{j}" for i, j in missing]}
+    return {"init_seeds": inits, "data_seeds": datas, "missing": [], **stats.variance_components(values)}
 
 
 def shared_by_all(runs: list[Run]) -> dict:

@@ -81,25 +81,24 @@ def fp32_precision() -> dict[str, str]:
     return {name: _backend(name).fp32_precision for name in FP32_BACKENDS}
 
 
+def set_fp32_precision(modes: dict[str, str]) -> None:
+    """Set how backends compute fp32 matmuls and convolutions (``fp32_precision()``'s form; on torch < 2.9 the
+    legacy flags, where only ``tf32`` or not counts)."""
+    for name, mode in modes.items():
+        if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+            _backend(name).fp32_precision = mode
+        else:
+            (torch.backends.cuda.matmul if name == "cuda.matmul" else torch.backends.cudnn).allow_tf32 = mode == "tf32"
+
+
 @contextlib.contextmanager
 def ieee_fp32():
     """Every fp32 matmul and convolution in IEEE fp32 while inside, whatever the process set before (the
     trainer's TF32 on a GPU, a bf16 setting on a CPU), and the settings as they were afterwards. An evaluation
     computes in here, so its numbers never depend on what ran before it in the process."""
     before = fp32_precision()
-    legacy = not hasattr(torch.backends.cuda.matmul, "fp32_precision")
     try:
-        if legacy:
-            torch.backends.cuda.matmul.allow_tf32 = False
-            torch.backends.cudnn.allow_tf32 = False
-        else:
-            for name in FP32_BACKENDS:
-                _backend(name).fp32_precision = "ieee"
+        set_fp32_precision(dict.fromkeys(before, "ieee"))
         yield
     finally:
-        if legacy:
-            torch.backends.cuda.matmul.allow_tf32 = before["cuda.matmul"] == "tf32"
-            torch.backends.cudnn.allow_tf32 = before["cudnn.conv"] == "tf32"
-        else:
-            for name, mode in before.items():
-                _backend(name).fp32_precision = mode
+        set_fp32_precision(before)

@@ -171,6 +171,80 @@ def names_spelled_outside_their_owner(package: Path) -> dict[str, set[str]]:
     return {name: found for name, found in spelled.items() if found}
 
 
+# Every file gpt/ writes goes through gpt.common.files (whole or not at all); these are the writes that do not,
+# each a stream a reader takes line by line, or a file that holds no result. (module:function -> why)
+STREAMS = {
+    "training.metrics:Metrics.__init__": "metrics.jsonl, one record appended per log step; a torn last line is "
+    "dropped on reading (RunDir.metrics)",
+    "analysis.stages:_run": "a GPU-check stage's log, which its child process writes as it runs",
+    "data.encode:_write_splits": "the split files, written into the temporary folder that prepare() renames "
+    "into place whole (replacing_folder)",
+    "run.lock:RunLock.__init__": "the lock file (flock) and a probe that proves the folder writable",
+}
+WRITER = "common.files"  # the one module that writes files by hand
+GUARDS = ("replacing", "replacing_folder")  # inside `with replacing(...) as tmp:` a write goes to a temporary name
+WRITE_CALLS = {
+    "write_text",
+    "write_bytes",
+    "savefig",
+    "tofile",
+    "touch",
+    "save_file",
+    "save_model",
+    "copyfile",
+    "copy",
+    "copy2",
+    "copytree",
+    "dump",
+}  # fmt: skip  (a file opened for writing is caught at its open)
+SAVERS = {"torch", "np", "numpy"}  # torch.save, np.save
+
+
+def _call_name(call: ast.Call) -> str:
+    f = call.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+
+
+def _writes(call: ast.Call) -> bool:
+    """Whether ``call`` writes a file: a writing method or function, or an open for writing."""
+    name, f = _call_name(call), call.func
+    if name in WRITE_CALLS:
+        return True
+    if name in ("save", "savez") and isinstance(f, ast.Attribute) and ast.unparse(f.value) in SAVERS:
+        return True
+    if name == "open":
+        if isinstance(f, ast.Attribute) and ast.unparse(f.value) == "os":  # os.open(path, flags): flags that write
+            return any(flag in ast.unparse(call) for flag in ("O_WRONLY", "O_RDWR", "O_CREAT", "O_APPEND"))
+        mode = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "mode"), None)
+        if isinstance(f, ast.Attribute) and call.args:  # path.open(mode)
+            mode = call.args[0]
+        return isinstance(mode, ast.Constant) and any(c in str(mode.value) for c in "wax+")
+    return False
+
+
+def unguarded_writes(package: Path) -> list[str]:
+    """``module:function: call`` for every write in ``package`` that goes around gpt.common.files: not in that
+    module, not inside a ``with replacing(...)`` block, and not one of the ``STREAMS``."""
+    found = []
+    for name, path in modules(package).items():
+        if name != WRITER:
+            _find_writes(ast.parse(path.read_text()), name, "", False, found)
+    return found
+
+
+def _find_writes(node: ast.AST, module: str, where: str, guarded: bool, found: list[str]) -> None:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        where = f"{where}.{node.name}" if where else node.name
+    if isinstance(node, (ast.With, ast.AsyncWith)) and any(
+        isinstance(i.context_expr, ast.Call) and _call_name(i.context_expr) in GUARDS for i in node.items
+    ):
+        guarded = True
+    if isinstance(node, ast.Call) and _writes(node) and not guarded and f"{module}:{where}" not in STREAMS:
+        found.append(f"{module}:{where}: {ast.unparse(node)[:80]}")
+    for child in ast.iter_child_nodes(node):
+        _find_writes(child, module, where, guarded, found)
+
+
 def write_package(root: Path, files: dict[str, str]) -> Path:
     for rel, text in files.items():
         path = root / "gpt" / rel
@@ -214,6 +288,11 @@ def test_every_wing_says_what_it_owns_and_may_import():
     for wing in WINGS:
         doc = ast.get_docstring(ast.parse((PACKAGE / wing / "__init__.py").read_text())) or ""
         assert "May import:" in doc, f"gpt/{wing}/__init__.py: say what the wing owns and what it may import"
+
+
+def test_every_file_is_written_whole_or_not_at_all():
+    assert unguarded_writes(PACKAGE) == []
+    assert all(":" in k and len(v) > 20 for k, v in STREAMS.items())  # each exception names its place and why
 
 
 def test_no_long_functions():
@@ -366,3 +445,38 @@ def test_the_checks_catch_a_run_directory_name_spelled_elsewhere(tmp_path):
         },
     )
     assert names_spelled_outside_their_owner(pkg) == {"publish.export": {"loss.png"}}
+
+
+def test_the_checks_catch_a_write_that_bypasses_the_atomic_writer(tmp_path):
+    pkg = write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "analysis/__init__.py": "",
+            "analysis/table.py": """\
+                import json
+                from gpt.common.files import replacing, write_atomically
+
+                def save(out, result, fig):
+                    write_atomically(out / "comparison.md", "...")  # through the writer: fine
+                    with replacing(out / "chart.png") as tmp:  # into a temporary name: fine
+                        fig.savefig(tmp)
+                    (out / "comparison.json").write_text(json.dumps(result))  # in place: caught
+                    with open(out / "runs.csv", "w") as f:  # caught
+                        f.write("")
+                    with open(out / "runs.csv") as f:  # reading: fine
+                        f.read()
+                    fig.savefig(out / "loss.png")  # caught
+
+                class Sink:
+                    def __init__(self, path):
+                        self.file = open(path, "a")  # an append stream that is not declared: caught
+            """,
+        },
+    )
+    assert unguarded_writes(pkg) == [
+        "analysis.table:save: (out / 'comparison.json').write_text(json.dumps(result))",
+        "analysis.table:save: open(out / 'runs.csv', 'w')",
+        "analysis.table:save: fig.savefig(out / 'loss.png')",
+        "analysis.table:Sink.__init__: open(path, 'a')",
+    ]

@@ -288,19 +288,27 @@ def test_explicit_resume_of_a_damaged_checkpoint_is_one_line(finished, train_yam
     one_line_error(out, f"{target / 'model.safetensors'}: cannot load (")
 
 
-def test_an_interrupted_same_step_replacement_is_recovered(finished, train_yaml, tmp_path, capsys):
+@pytest.mark.parametrize(
+    "aside, half",
+    [
+        (".step-00000020.old-4242-0a1b2c3d", ".step-00000020.tmp-4242-9f8e7d6c"),  # gpt.common.files' names
+        (".old-step-00000020-4242", ".tmp-step-00000020-4242"),  # an earlier version's
+    ],
+)
+def test_an_interrupted_same_step_replacement_is_recovered(finished, train_yaml, tmp_path, capsys, aside, half):
     ckpts = finished / "checkpoints"
     before = files_of(ckpts / "step-00000020")
     # a kill between the two renames of save_checkpoint: the old folder aside, the new one not yet in place
-    (ckpts / "step-00000020").rename(ckpts / ".old-step-00000020-4242")
-    shutil.copytree(ckpts / ".old-step-00000020-4242", ckpts / ".tmp-step-00000020-4242")
+    (ckpts / "step-00000020").rename(ckpts / aside)
+    shutil.copytree(ckpts / aside, ckpts / half)
+    (ckpts / ".latest.tmp-4242-0a1b2c3d").write_text("step-000")  # and a pointer half-written
     (finished / "summary.json").unlink()
     summary = train(load_config(train_yaml("done")), resume="auto")
     err = capsys.readouterr().err
-    assert "recovered step-00000020 from .old-step-00000020-4242" in err
+    assert f"recovered step-00000020 from {aside}" in err
     assert summary["status"] == "completed" and summary["steps"] == 20
     assert files_of(ckpts / "step-00000020") == before
-    assert not list(ckpts.glob(".*-step-*"))
+    assert sorted(p.name for p in ckpts.iterdir()) == ["best", "latest", "step-00000010", "step-00000020"]
 
 
 def test_missing_latest_target_names_the_fix(finished):
@@ -408,7 +416,7 @@ def test_malformed_files_are_one_line(train_yaml, tmp_path, token_set, finished,
     data = tmp_path / "data"
     shutil.copytree(token_set, data)
     for meta, said in (
-        ([1, 2], "a JSON list, not the object prepare_data writes"),
+        ([1, 2], "damaged token set record (a JSON list, not an object); prepare the set again"),
         ({"dtype": "float7"}, "dtype 'float7' is not a token dtype"),
         ("{not json", "not valid JSON"),
     ):

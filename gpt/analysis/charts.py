@@ -5,6 +5,7 @@ coloured by group, and the test loss by group)."""
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 
 import matplotlib
@@ -13,8 +14,23 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from gpt.common.errors import os_reason  # noqa: E402
+from gpt.common.files import replacing  # noqa: E402
 from gpt.run.directory import RunDir  # noqa: E402
 from gpt.training.hooks import RunHooks  # noqa: E402
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Lay ``fig`` out and write it to ``path`` whole (``gpt.common.files.replacing``), then close it. A title
+    in a script the font lacks (a run named in Cyrillic, say) draws boxes, not a warning per character."""
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from")
+            fig.tight_layout()
+            with replacing(path) as tmp:
+                fig.savefig(tmp)
+    finally:
+        plt.close(fig)
+    return path
 
 
 def _series(records: list[dict], key: str) -> tuple[list[float], list[float]]:
@@ -48,10 +64,7 @@ def plot_run(records: list[dict], files: dict[str, Path], title: str) -> list[Pa
         ax.grid(alpha=0.3)
         if len(series) > 1:
             ax.legend()
-        fig.tight_layout()
-        fig.savefig(path)
-        plt.close(fig)
-        written.append(path)
+        written.append(save_figure(fig, path))
     return written
 
 
@@ -127,10 +140,7 @@ def _plot_curve(colours, curves: list[tuple[str, list[list[dict]]]], curve: tupl
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(f"{ylabel} by group (one line per run)")
-    fig.tight_layout()
-    fig.savefig(out / name)
-    plt.close(fig)
-    return out / name
+    return save_figure(fig, out / name)
 
 
 def _plot_test_loss(colours, rows: list[dict], path: Path) -> Path:
@@ -164,7 +174,4 @@ def _plot_test_loss(colours, rows: list[dict], path: Path) -> Path:
     ax.set_ylabel("test loss (mean over seeds, 95% CI)")
     ax.set_title("held-out test loss by group")
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -22,6 +22,7 @@ import math
 from pathlib import Path
 
 from gpt.common.errors import UserError
+from gpt.common.files import replacing
 
 REQUIRED = ("group", "init_seed", "data_seed", "test_loss")
 OPTIONAL = ("status",)
@@ -108,7 +109,7 @@ def write_results(rows: list[dict], path: Path) -> Path:
     """Write ``rows`` (as ``read_results`` returns them, without ``line``) as a results table; numbers in full
     (``repr``), so that reading the table back gives the same floats."""
     metrics = sorted({f"{t}.{m}" for r in rows for t, ms in r["tasks"].items() for m in ms})
-    with open(path, "w", newline="") as f:
+    with replacing(path) as tmp, open(tmp, "w", newline="") as f:
         out = csv.writer(f)
         out.writerow([*REQUIRED[:3], "status", "test_loss", *metrics])
         for r in rows:

@@ -48,6 +48,7 @@ from gpt.analysis import stats
 from gpt.analysis.charts import comparison_charts
 from gpt.analysis.report import markdown
 from gpt.common.errors import UserError
+from gpt.common.files import write_atomically, write_json
 from gpt.config import NORM_TYPES, flatten
 from gpt.evaluation import hellaswag
 from gpt.run.directory import COMPARISON_FILE, COMPLETED, DIVERGED, RunDir, read_eval_result
@@ -681,9 +682,8 @@ def compare(
     }
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "comparison.md").write_text(markdown(result))
-    text = json.dumps(json_safe(result), indent=2, default=str, allow_nan=False)  # NaN -> null: standard JSON
-    (out / COMPARISON_FILE).write_text(text + "\n")
+    write_atomically(out / "comparison.md", markdown(result))
+    write_json(out / COMPARISON_FILE, json_safe(result), default=str, allow_nan=False)  # NaN -> null: standard JSON
     results_table.write_results(results_rows(groups), out / RESULTS_CSV)
     curves = [(g.label, [r.metrics for r in g.runs]) for g in groups]
     result["plots"] = [str(p) for p in comparison_charts(curves, result["groups"], out)]

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -33,6 +32,7 @@ import torch
 
 from gpt.commands.cli import add_overrides, command, config_from_args, is_rank0, parser_for
 from gpt.common.errors import UserError
+from gpt.common.files import write_atomically
 from gpt.config import NORM_TYPES
 from gpt.run.distributed import PEAK_MEMORY, peak_memory_of
 
@@ -149,13 +149,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def append_to(path: Path):
-    """A row sink that appends each row to ``path`` as one JSON line and flushes it to disk at once."""
+    """A row sink that adds each row to ``path`` as one JSON line, the file rewritten whole
+    (``gpt.common.files``): a full disk leaves the rows before as they were, with no torn line."""
 
     def emit(row: dict) -> None:
-        with open(path, "a") as f:
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        before = path.read_text() if path.is_file() else ""
+        write_atomically(path, before + ("" if before.endswith("\n") or not before else "\n") + json.dumps(row) + "\n")
 
     return emit
 

@@ -26,17 +26,18 @@ log-likelihoods, are kept as eval-lm-eval-fp32.json.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from gpt.commands.cli import command, is_rank0, parser_for
+from gpt.common.errors import quoted
+from gpt.common.files import write_json
 from gpt.config import PRECISIONS
 
 
 def positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a positive whole number")
     return int(text)
 
 
@@ -138,10 +139,9 @@ def main(argv: list[str] | None = None) -> int:
             for name, metrics in r["results"].items():
                 shown = ", ".join(f"{k.split(',')[0]} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
                 print(f"{r['run']} (step {r['step']}) lm-eval {name}: {shown}")
-        if args.json:
-            with open(args.json, "w") as f:
-                everything = [r for name in rows for r in rows[name]]
-                json.dump(everything if len(rows) > 1 else next(iter(rows.values()), []), f, indent=2)
+        if args.json:  # whole or not at all: a full disk is one line, and an earlier file stays as it was
+            everything = [r for name in rows for r in rows[name]]
+            write_json(args.json, everything if len(rows) > 1 else next(iter(rows.values()), []))
     return 0
 
 

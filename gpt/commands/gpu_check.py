@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 import time
@@ -41,6 +40,7 @@ from pathlib import Path
 from gpt.analysis.stages import SKIPPED, Outcome, Stage, run_stages
 from gpt.commands.cli import command, parser_for
 from gpt.common.errors import UserError
+from gpt.common.files import write_atomically
 from gpt.config import NORM_TYPES
 from gpt.run.distributed import PEAK_MEMORY, peak_memory_of
 
@@ -167,8 +167,7 @@ def check(out: Path, stages: list[Stage], budget_s: float, env: list[str], quick
         text = summary(
             outcomes, stages, read_rows(out / "rows.jsonl"), env, budget_s, time.monotonic() - began, quick, done
         )
-        (out / "summary.tmp").write_text(text)
-        os.replace(out / "summary.tmp", out / "summary.txt")
+        write_atomically(out / "summary.txt", text)
 
     write([])
     outcomes = run_stages(stages, out, budget_s, on_stage=write, **run_options)

@@ -22,14 +22,14 @@ import time
 from pathlib import Path
 
 from gpt.commands.cli import command, parser_for
-from gpt.common.errors import UserError
+from gpt.common.errors import UserError, quoted
 
 
 def count(text: str) -> int:
     """'10M' -> 10_000_000; plain integers and _ separators too."""
     m = re.fullmatch(r"\s*([0-9][0-9_]*(?:\.[0-9]+)?)\s*([kKmMbB]?)\s*", text)
     if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a token count (e.g. 20000000, 20M, 1.5B)")
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a token count (e.g. 20000000, 20M, 1.5B)")
     scale = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9}[m.group(2).lower()]
     return int(float(m.group(1).replace("_", "")) * scale)
 

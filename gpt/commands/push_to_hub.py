@@ -61,11 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from gpt.common.errors import UserError
+    from gpt.common.files import read_json
     from gpt.config.schema import HubConfig
     from gpt.publish.export import comparison_row
     from gpt.publish.layouts import Layout
     from gpt.publish.uploads import push
-    from gpt.run.directory import RunDir, read_json, resolve_which
+    from gpt.run.directory import RunDir, resolve_which
 
     problems: list[str] = []
     HubConfig(repo_id=args.repo).validate(lambda key, message: problems.append(f"--repo: {message}"))

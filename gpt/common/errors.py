@@ -8,24 +8,47 @@ from __future__ import annotations
 
 import os
 import re
+import reprlib
 
 
 class UserError(ValueError):
     """A mistake in the user's input, or a fault of the machine the user can fix; the message is one line."""
 
 
-def os_reason(exc: BaseException) -> str:
+def os_cause(exc: BaseException) -> str | None:
     """The operating system's words for why ``exc`` happened ("No space left on device"), found in its
-    chain of causes or in a library's message that quotes an errno; else the exception's first line."""
+    chain of causes or in a library's message that quotes an errno; None if it has none."""
     seen = exc
     while seen is not None:
         if isinstance(seen, OSError) and seen.strerror:
             return seen.strerror
-        quoted = re.search(r"os error (\d+)", str(seen))  # Rust libraries (safetensors): "... (os error 28)"
-        if quoted:
-            return os.strerror(int(quoted.group(1)))
-        seen = seen.__cause__ or seen.__context__
-    return first_line(exc)
+        errno = re.search(r"os error (\d+)", str(seen))  # Rust libraries (safetensors): "... (os error 28)"
+        if errno:
+            return os.strerror(int(errno.group(1)))
+        seen = seen.__cause__ or (None if seen.__suppress_context__ else seen.__context__)  # "from None": not ours
+    return None
+
+
+def os_reason(exc: BaseException) -> str:
+    """``os_cause(exc)``, else the exception's first line."""
+    return os_cause(exc) or first_line(exc)
+
+
+QUOTED = reprlib.Repr()  # its limits as attributes: Python 3.11's takes no keywords
+QUOTED.maxlevel, QUOTED.maxstring, QUOTED.maxother, QUOTED.maxlong = 3, 80, 80, 40
+QUOTED.maxdict = QUOTED.maxlist = QUOTED.maxtuple = QUOTED.maxset = 6
+QUOTED_LIMIT = 200  # characters: the most of a value any message quotes
+
+
+def quoted(value) -> str:
+    """``value``'s repr for a message, at most ``QUOTED_LIMIT`` characters however large or deep it is
+    (a YAML alias bomb, a 50 MB line): nested containers are cut (``[...]``) before anything is formatted."""
+    return clipped(QUOTED.repr(value))
+
+
+def clipped(text: str, limit: int = QUOTED_LIMIT) -> str:
+    """``text``, cut to ``limit`` characters (ending ``...``) if it is longer."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def shortened(items: list, keep: int = 3) -> str:

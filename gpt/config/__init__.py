@@ -18,6 +18,7 @@ from gpt.config.loader import (
     flatten,
     load_config,
     parse_override,
+    parse_yaml,
 )
 from gpt.config.schema import (
     NORM_TYPES,
@@ -56,4 +57,5 @@ __all__ = [
     "flatten",
     "load_config",
     "parse_override",
+    "parse_yaml",
 ]

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from gpt.common.errors import UserError
+from gpt.common.errors import UserError, clipped, quoted
 from gpt.config.schema import REQUIRED, Config
 
 
@@ -34,8 +34,72 @@ class ConfigError(UserError):
 OVERRIDE = "--set"  # the "file" named for keys that came from the command line
 
 
+CONFIG_LIMIT = 1 << 20  # bytes: the largest config file read (the write-up's is about 2 KB)
+OVERRIDE_LIMIT = 64 << 10  # characters: the largest --set
+YAML_LIMIT = 100_000  # values a YAML document may hold once its aliases are expanded (a config has a few hundred)
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """``text`` (from ``where``: a file, ``--set``) as plain YAML data. A document whose anchors and aliases
+    expand past ``YAML_LIMIT`` values (a "billion laughs"), or that contains itself, is refused before it is
+    built; every error is one line."""
+    loader = None
+    try:
+        loader = yaml.SafeLoader(text)  # its reader refuses control characters at once
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_expansion(node, where)
+        return loader.construct_document(node)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{where}: invalid YAML{at}: {clipped(problem)}") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: invalid YAML: nested too deeply for a config") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+def _check_expansion(root: yaml.Node, where: str) -> None:
+    """Count the values ``root`` holds with every alias expanded, each shared node counted once per use
+    but visited once (so a bomb costs no more than its text), and stop at ``YAML_LIMIT``."""
+    sizes: dict[int, int] = {}
+    ancestors: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        children = (
+            [n for pair in node.value for n in pair]
+            if isinstance(node, yaml.MappingNode)
+            else (node.value if isinstance(node, yaml.SequenceNode) else [])
+        )
+        if expanded:
+            ancestors.discard(id(node))
+            sizes[id(node)] = 1 + sum(sizes[id(c)] for c in children)
+            if sizes[id(node)] > YAML_LIMIT:
+                raise ConfigError(
+                    f"{where}: its anchors and aliases expand it past {YAML_LIMIT:,} values (a config holds a few "
+                    "hundred); write the values out, or alias fewer times"
+                )
+        elif id(node) not in sizes:
+            if id(node) in ancestors:
+                raise ConfigError(f"{where}: a YAML alias refers to a value that contains it; a config is a tree")
+            ancestors.add(id(node))
+            stack.append((node, True))
+            stack.extend((c, False) for c in children if id(c) not in sizes)
+
+
 def _read_yaml(path: Path) -> dict:
     try:
+        size = path.stat().st_size
+        if size > CONFIG_LIMIT:
+            raise ConfigError(
+                f"{path}: {size:,} bytes, and a config file is at most {CONFIG_LIMIT:,} (the write-up's is about "
+                "2 KB); is it the right file?"
+            )
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
@@ -45,13 +109,7 @@ def _read_yaml(path: Path) -> dict:
         ) from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
+    data = parse_yaml(text, str(path))
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -89,7 +147,7 @@ def _load_raw(path: Path, seen: tuple[Path, ...] = ()) -> tuple[dict, dict[str, 
     sources: dict[str, str] = {}
     if parent is not None:
         if not isinstance(parent, str):
-            raise ConfigError(f"{path}: extends: expected a relative path (str), got {parent!r}")
+            raise ConfigError(f"{path}: extends: expected a relative path (str), got {quoted(parent)}")
         parent_path = path.parent / parent
         if not parent_path.is_file():
             raise ConfigError(f"{path}: extends: {parent}: no such file (looked at {parent_path})")
@@ -111,12 +169,14 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     parts = key.strip().split(".")
     if not sep or not all(parts):
         raise ConfigError(
-            f"{OVERRIDE}: expected SECTION.KEY=VALUE (e.g. model.norm_type=pytorch_rmsnorm), got {text!r}"
+            f"{OVERRIDE}: expected SECTION.KEY=VALUE (e.g. model.norm_type=pytorch_rmsnorm), got {quoted(text)}"
         )
-    try:
-        parsed = yaml.safe_load(value) if value.strip() else None
-    except yaml.YAMLError:
-        raise ConfigError(f"{OVERRIDE}: {key}: {value!r} is not a YAML scalar") from None
+    if len(text) > OVERRIDE_LIMIT:
+        raise ConfigError(
+            f"{OVERRIDE} {clipped(key, 80)}=...: {len(text):,} characters, and a --set is at most {OVERRIDE_LIMIT:,}; "
+            "put a value that large in a config file"
+        )
+    parsed = parse_yaml(value, f"{OVERRIDE} {clipped(key, 80)}") if value.strip() else None
     return parts, parsed
 
 
@@ -188,9 +248,9 @@ def _check_range(value: Any, meta: dict) -> str | None:
     if value is None:
         return None
     if isinstance(value, float) and not math.isfinite(value):
-        return f"{value!r} is not a finite number"
+        return f"{quoted(value)} is not a finite number"
     if meta["choices"] is not None and value not in meta["choices"]:
-        return f"{value!r} is not one of: {', '.join(meta['choices'])}"
+        return f"{quoted(value)} is not one of: {', '.join(meta['choices'])}"
     for op, ok, word in (
         ("ge", lambda v, b: v >= b, ">="),
         ("gt", lambda v, b: v > b, ">"),
@@ -199,7 +259,7 @@ def _check_range(value: Any, meta: dict) -> str | None:
     ):
         bound = meta[op]
         if bound is not None and not ok(value, bound):
-            return f"{value!r} is out of range; allowed: {word} {bound:g}"
+            return f"{quoted(value)} is out of range; allowed: {word} {bound:g}"
     return None
 
 
@@ -207,7 +267,9 @@ def _build(cls: type, data: Any, prefix: str, sources: dict[str, str], root: str
     """Instantiate dataclass ``cls`` from ``data``, checking keys, types and ranges."""
     where = prefix.rstrip(".") or "top level"
     if not isinstance(data, dict):
-        raise ConfigError(f"{sources.get(prefix.rstrip('.'), root)}: {where}: expected a mapping of keys, got {data!r}")
+        raise ConfigError(
+            f"{sources.get(prefix.rstrip('.'), root)}: {where}: expected a mapping of keys, got {quoted(data)}"
+        )
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     for key in data:
@@ -216,7 +278,7 @@ def _build(cls: type, data: Any, prefix: str, sources: dict[str, str], root: str
             src = sources.get(dotted) or next((s for k, s in sources.items() if k.startswith(dotted + ".")), root)
             close = difflib.get_close_matches(str(key), names, n=1)
             hint = f"did you mean '{prefix}{close[0]}'? " if close else ""
-            raise ConfigError(f"{src}: {dotted}: unknown key; {hint}valid keys in {where}: {', '.join(names)}")
+            raise ConfigError(f"{src}: {clipped(dotted)}: unknown key; {hint}valid keys in {where}: {', '.join(names)}")
 
     def fail(name: str | tuple[str, ...], message: str):
         """Stop at key ``name``; of several keys, the one set last (where the clash was made)."""
@@ -237,7 +299,7 @@ def _build(cls: type, data: Any, prefix: str, sources: dict[str, str], root: str
             continue
         value = _coerce(tp, data[f.name])
         if value is _NO:
-            fail(f.name, f"expected {_type_name(tp)}, got {data[f.name]!r}")
+            fail(f.name, f"expected {_type_name(tp)}, got {quoted(data[f.name])}")
         problem = _check_range(value, f.metadata)
         if problem:
             fail(f.name, problem)

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpt.common.errors import quoted
+
 # The choices a config may name. This package imports no torch (a config is checked before anything heavy
 # loads), so the implementations keep their own registries and tests/test_architecture.py holds them equal:
 # gpt.model.norms (shipped alone to the Hub), gpt.training.schedule and gpt.model.loss.
@@ -149,7 +151,8 @@ class DataConfig:
         if self.train_split in (self.val_split, self.test_split):
             fail(
                 "train_split",
-                f"{self.train_split!r} is also the validation or test split; held-out tokens must not be trained on",
+                f"{quoted(self.train_split)} is also the validation or test split; held-out tokens must not be "
+                "trained on",
             )
         if self.val_split == self.test_split:
             test_end = math.inf if self.test_tokens is None else self.test_offset + self.test_tokens
@@ -157,7 +160,7 @@ class DataConfig:
                 fail(
                     "test_offset",
                     f"the test range [{self.test_offset:,}, {test_end:,}) of split "
-                    f"{self.test_split!r} overlaps the validation range [{self.val_offset:,}, "
+                    f"{quoted(self.test_split)} overlaps the validation range [{self.val_offset:,}, "
                     f"{self.val_offset + self.val_tokens:,}); move one of them",
                 )
 
@@ -277,7 +280,7 @@ class RunConfig:
         if self.name in ("", ".", "..") or any(c in self.name for c in "/\\\0"):
             fail(
                 "name",
-                f"{self.name!r} is not a run name: one non-empty folder name without / (the run's "
+                f"{quoted(self.name)} is not a run name: one non-empty folder name without / (the run's "
                 "folder is runs/<name>; set run.dir for another place)",
             )
         if self.dir is not None and not self.dir.strip():
@@ -321,7 +324,7 @@ class HubConfig:
 
     def validate(self, fail) -> None:
         if self.repo_id is not None and (self.repo_id.count("/") != 1 or not all(self.repo_id.split("/"))):
-            fail("repo_id", f"{self.repo_id!r} is not a Hub repository name: user/name (or organisation/name)")
+            fail("repo_id", f"{quoted(self.repo_id)} is not a Hub repository name: user/name (or organisation/name)")
         if self.push_every_checkpoint and self.repo_id is None:
             fail("push_every_checkpoint", "true, but hub.repo_id is null: name the repository to upload to")
 

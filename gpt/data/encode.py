@@ -8,8 +8,8 @@ train, up to ``max_tokens`` in all. So the held-out sets do not change when you 
 for more training tokens, and no document is in two splits.
 
 Everything is written into a temporary folder beside the output and renamed into
-place at the end: a failed or interrupted run leaves no half-written data set, and
-an existing one is only replaced with ``overwrite``.
+place at the end (``gpt.common.files.replacing_folder``): a failed or interrupted run
+leaves no half-written data set, and an existing one is only replaced with ``overwrite``.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import numpy as np
 import tiktoken
 from tqdm import tqdm
 
+from gpt.common.files import WriteError, replacing_folder
 from gpt.data.tokens import META_FILE, TOKEN_DTYPE, DataError, sample_digest
 from gpt.data.sources import Source
 
@@ -59,24 +60,6 @@ def check_tokenizer(enc: tiktoken.Encoding) -> int:
         raise DataError(f"tokenizer {enc.name} has no <|endoftext|> token to separate documents") from None
 
 
-def remove_abandoned(out: Path) -> None:
-    """Temporary folders of earlier preparations of ``out`` whose process is gone (killed mid-way)."""
-    for tmp in out.parent.glob(f".{out.name}.tmp-*"):
-        pid = tmp.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's live process
-        return True
-    return True
-
-
 def prepare(source: Source, out: str | Path, enc: tiktoken.Encoding, *, val_tokens: int, test_tokens: int,
             max_tokens: int | None = None, overwrite: bool = False, batch_docs: int = 256,
             threads: int | None = None, progress: bool = True) -> dict:
@@ -87,26 +70,16 @@ def prepare(source: Source, out: str | Path, enc: tiktoken.Encoding, *, val_toke
         raise DataError("--val-tokens and --test-tokens must be >= 0, --max-tokens > 0")
     if out.exists() and not overwrite:
         raise DataError(f"{out}: already exists; pass --overwrite to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    remove_abandoned(out)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        meta = _write_splits(source, tmp, enc, eot, val_tokens, test_tokens, max_tokens, batch_docs,
-                             threads or os.cpu_count() or 1, progress)
-        # no timestamps in it: the same input gives byte-identical files
-        (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-        if out.exists():  # overwrite: move the old set aside first, so it is never half-replaced
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    try:  # a temporary folder beside it, renamed into place whole (an old set is moved aside first)
+        with replacing_folder(out) as tmp:
+            meta = _write_splits(source, tmp, enc, eot, val_tokens, test_tokens, max_tokens, batch_docs,
+                                 threads or os.cpu_count() or 1, progress)
+            # no timestamps in it: the same input gives byte-identical files
+            (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    except WriteError as e:
+        kept = "the set that was there is unchanged" if out.exists() else "nothing was kept"
+        raise DataError(f"cannot write the token set {out}: {e.reason}; {kept}: free space (or lift the file-size "
+                        "limit), or write it elsewhere with --out") from None
     return meta
 
 

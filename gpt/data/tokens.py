@@ -41,7 +41,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpt.common.errors import UserError, first_line
+from gpt.common.errors import UserError, first_line, quoted
+from gpt.common.files import read_json, replacing_folder
 
 TOKEN_DTYPE = np.uint16  # GPT-2's 50257 tokens fit
 META_FILE = "meta.json"
@@ -197,14 +198,11 @@ def read_meta(data_dir: str | Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        meta = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: not valid JSON ({first_line(e)}); prepare the set again") from None
-    if not isinstance(meta, dict):
-        raise DataError(f"{path}: a JSON {type(meta).__name__}, not the object prepare_data writes; prepare the set "
-                        "again")
+        meta = read_json(path, "token set record", fix="prepare the set again")
+    except UserError as e:
+        raise DataError(str(e)) from None
     if meta.get("dtype", "uint16") not in TOKEN_DTYPES:
-        raise DataError(f"{path}: dtype {meta['dtype']!r} is not a token dtype ({', '.join(TOKEN_DTYPES)})")
+        raise DataError(f"{path}: dtype {quoted(meta['dtype'])} is not a token dtype ({', '.join(TOKEN_DTYPES)})")
     if not isinstance(meta.get("tokenizer", {}), dict):
         raise DataError(f"{path}: 'tokenizer' must be an object (name, n_vocab, eot_token)")
     splits = meta.get("splits", {})
@@ -227,13 +225,13 @@ def _meta_dtype(data_dir: Path) -> str:
 def write_random_set(folder: Path, n_tokens: int, vocab_size: int, seed: int = 0) -> Path:
     """A set whose every split is ``n_tokens`` uniformly random ids below ``vocab_size``: the
     benchmark's data where no prepared set is at hand (speed does not depend on the ids)."""
-    folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     dtype = "uint16" if vocab_size <= 1 << 16 else "uint32"
-    for split in ("train", "val", "test"):
-        (folder / f"{split}.bin").write_bytes(rng.integers(0, vocab_size, n_tokens, dtype=dtype).tobytes())
-    (folder / META_FILE).write_text(json.dumps({"source": "random", "dtype": dtype,
-                                                "tokenizer": {"name": "random", "n_vocab": vocab_size}}) + "\n")
+    with replacing_folder(folder) as tmp:
+        for split in ("train", "val", "test"):
+            (tmp / f"{split}.bin").write_bytes(rng.integers(0, vocab_size, n_tokens, dtype=dtype).tobytes())
+        (tmp / META_FILE).write_text(json.dumps({"source": "random", "dtype": dtype,
+                                                 "tokenizer": {"name": "random", "n_vocab": vocab_size}}) + "\n")
     return folder
 
 
@@ -431,6 +429,6 @@ class TrainBatches:
         state = {"order": "affine" if state["shuffle"] else "sequential", **state}  # before: an affine order
         for key in ("seed", "shuffle", "seq_len", "global_batch", "n_sequences", "order"):
             if state[key] != mine[key]:
-                raise DataError(f"cannot resume the data reader: {key} was {state[key]!r}, "
-                                f"now {mine[key]!r}; resume with the same data and batch settings")
+                raise DataError(f"cannot resume the data reader: {key} was {quoted(state[key])}, "
+                                f"now {quoted(mine[key])}; resume with the same data and batch settings")
         self.step = int(state["step"])

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from gpt.common.errors import UserError, first_line
+from gpt.common.files import WriteError, write_atomically
 from gpt.run.distributed import Dist
 from gpt.run.fastpath import ieee_fp32
 from gpt.run.fingerprint import evaluation_fingerprint
@@ -72,19 +73,19 @@ def fetch_validation(dest: Path, url: str | None = None, timeout: float = 60.0) 
     url = url or VALIDATION_URL
     if dest.is_file():
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.part-{os.getpid()}")
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise WriteError(dest, e) from e
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
-            tmp.write_bytes(response.read())
-        os.replace(tmp, dest)
+            data = response.read()
     except OSError as e:
         raise UserError(
             f"HellaSwag: no {VALIDATION_FILE} in {dest.parent}, and fetching {url} failed ({first_line(e)}); "
             f"download that file into {dest.parent} (or $GPT_NORM_CACHE/hellaswag), or pass --hellaswag FILE"
         ) from None
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_atomically(dest, data)  # whole or not at all: a full disk leaves no half file to be taken for the set
     return dest
 
 

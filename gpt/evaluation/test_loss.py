@@ -160,6 +160,7 @@ def evaluate_checkpoint(
 ) -> dict:
     """Held-out loss of one checkpoint; with ``write``, recorded beside it (``gpt.run.directory.write_eval_result``)."""
     cfg = checkpoint_config(ckpt)
+    identity = checkpoint_identity(ckpt, cfg)  # now: a running trainer may prune the checkpoint meanwhile
     held_out, tokens = held_out_range(cfg, override)
     check_disjoint(RunDir.of_checkpoint(ckpt), held_out)
     model = GPT(cfg.model)
@@ -167,7 +168,7 @@ def evaluate_checkpoint(
     options = dataclasses.replace(options, batch_size=options.batch_size or cfg.train.micro_batch_size)
     result = evaluate_model(model, held_out, tokens, options, dist)
     result = {
-        **checkpoint_identity(ckpt, cfg),
+        **identity,
         **result,
         "configured_range": not override.changes(cfg),
     }

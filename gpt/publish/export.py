@@ -8,12 +8,12 @@ the model card ``README.md`` and the loss curve, in one of the two layouts of
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 from safetensors.torch import save_file
 
+from gpt.common.errors import UserError
+from gpt.common.files import copy_atomically, read_json, replacing, write_atomically, write_json
 from gpt.config import Config
 from gpt.data.tokenizer import gpt2_files_dir
 from gpt.data.tokens import read_meta
@@ -29,26 +29,23 @@ EOT = "<|endoftext|>"
 def write_tokenizer(folder: Path, context_length: int) -> list[str]:
     """GPT-2's tokenizer files, from the offline BPE files (encoder.json -> vocab.json, vocab.bpe -> merges.txt)."""
     src = gpt2_files_dir()
-    shutil.copyfile(src / "encoder.json", folder / "vocab.json")
-    shutil.copyfile(src / "vocab.bpe", folder / "merges.txt")
-    (folder / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "tokenizer_class": "GPT2Tokenizer",
-                "model_max_length": context_length,
-                "add_prefix_space": False,
-                "bos_token": EOT,
-                "eos_token": EOT,
-                "unk_token": EOT,
-                "pad_token": EOT,  # a batch of prompts pads on the left with it; the attention mask hides it
-                "padding_side": "left",
-            },
-            indent=2,
-        )
-        + "\n"
+    copy_atomically(src / "encoder.json", folder / "vocab.json")
+    copy_atomically(src / "vocab.bpe", folder / "merges.txt")
+    write_json(
+        folder / "tokenizer_config.json",
+        {
+            "tokenizer_class": "GPT2Tokenizer",
+            "model_max_length": context_length,
+            "add_prefix_space": False,
+            "bos_token": EOT,
+            "eos_token": EOT,
+            "unk_token": EOT,
+            "pad_token": EOT,  # a batch of prompts pads on the left with it; the attention mask hides it
+            "padding_side": "left",
+        },
     )
-    (folder / "special_tokens_map.json").write_text(
-        json.dumps({"bos_token": EOT, "eos_token": EOT, "unk_token": EOT, "pad_token": EOT}, indent=2) + "\n"
+    write_json(
+        folder / "special_tokens_map.json", {"bos_token": EOT, "eos_token": EOT, "unk_token": EOT, "pad_token": EOT}
     )
     return ["vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json"]
 
@@ -101,8 +98,8 @@ def find_comparison(run: RunDir) -> dict | None:
     """The run's group in a comparison.json beside it (what scripts/sweep.py writes), if any."""
     for path in comparisons_beside(run):
         try:
-            row = comparison_row(json.loads(path.read_text()), run)
-        except (OSError, ValueError):
+            row = comparison_row(read_json(path, "comparison"), run)
+        except UserError:  # a damaged comparison beside the run: the card goes without its row
             continue
         if row is not None:
             return row
@@ -125,8 +122,9 @@ def export_checkpoint(
     cfg = checkpoint_config(ckpt)
     weights = export_weights(cfg, read_weights(ckpt), layout)
     folder.mkdir(parents=True, exist_ok=True)
-    save_file(weights, str(folder / MODEL_FILE), metadata={"format": "pt"})
-    (folder / "config.json").write_text(json.dumps(hub_config(cfg, layout), indent=2) + "\n")
+    with replacing(folder / MODEL_FILE) as tmp:
+        save_file(weights, str(tmp), metadata={"format": "pt"})
+    write_json(folder / "config.json", hub_config(cfg, layout))
     files = [MODEL_FILE, "config.json", *write_tokenizer(folder, cfg.model.context_length)]
     if layout is Layout.REMOTE_CODE:
         files += write_code(folder)
@@ -134,7 +132,7 @@ def export_checkpoint(
     run = run or RunDir.of_checkpoint(ckpt)
     facts = card_facts(ckpt, cfg, repo_id, n_params, run, summary, comparison, layout, experiment)
     if facts.loss_png:
-        shutil.copyfile(run.loss_chart, folder / run.loss_chart.name)
+        copy_atomically(run.loss_chart, folder / run.loss_chart.name)
         files.append(run.loss_chart.name)
-    (folder / "README.md").write_text(card_text(cfg, facts))
+    write_atomically(folder / "README.md", card_text(cfg, facts))
     return [*files, "README.md"]

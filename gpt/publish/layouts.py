@@ -14,8 +14,6 @@ upload during training costs the training thread nothing.
 from __future__ import annotations
 
 import enum
-import json
-import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,7 +21,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from gpt.common.errors import first_line
+from gpt.common.errors import UserError, first_line
+from gpt.common.files import copy_atomically, read_json
 from gpt.config import Config, config_from_dict, config_to_dict
 from gpt.data.tokenizer import EOT_TOKEN
 from gpt.model.gpt import GPT, VOCAB_ROWS
@@ -135,18 +134,18 @@ def native_config(cfg: Config) -> dict:
 def write_code(folder: Path) -> list[str]:
     """The remote-code layout's Python files: the wrapper, and the model's own files as they are."""
     for name in WRAPPER_FILES:
-        shutil.copyfile(HUB_CODE / name, folder / name)
+        copy_atomically(HUB_CODE / name, folder / name)
     for name in MODEL_FILES:
-        shutil.copyfile(MODEL_DIR / name, folder / name)
+        copy_atomically(MODEL_DIR / name, folder / name)
     return [*WRAPPER_FILES, *MODEL_FILES]
 
 
 def load_published(folder: Path):
     """Our GPT from an export folder (either layout), e.g. a Hub repo's snapshot."""
     try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError) as e:
-        raise HubError(f"{folder / 'config.json'}: cannot read ({first_line(e)}); not a published model") from None
+        config = read_json(folder / "config.json", "model config", fix="not a published model")
+    except UserError as e:
+        raise HubError(str(e)) from None
     weights = read_weights(folder)
     if config.get("model_type") == "gpt2":  # the stock layout (Q/K/V bias present, zero where we had none)
         cfg = model_config_from_hf(SimpleNamespace(**config))

@@ -60,6 +60,7 @@ def run_lm_eval(
             "`lm-eval ls tasks`); --lm-eval-include DIR adds task YAMLs of your own"
         )
     cfg = checkpoint_config(ckpt)
+    identity = checkpoint_identity(ckpt, cfg)  # now: a running trainer may prune the checkpoint meanwhile
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gpt-lm-eval-") as tmp:
         export_checkpoint(ckpt, Path(tmp), f"local/{cfg.run.name}")
@@ -78,7 +79,7 @@ def run_lm_eval(
                 raise UserError(f"--lm-eval {','.join(tasks)}: {first_line(e)}") from None
             fingerprint = evaluation_fingerprint(Dist(device=torch.device(device)), "fp32", batch_size)
     result = {
-        **checkpoint_identity(ckpt, cfg),
+        **identity,
         "split": "lm-eval",
         "precision": "fp32",
         "lm_eval_version": getattr(lm_eval, "__version__", None),

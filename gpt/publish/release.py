@@ -29,11 +29,12 @@ from pathlib import Path
 import yaml
 
 from gpt.common.errors import UserError
+from gpt.common.files import read_json, write_atomically
 from gpt.publish.card import LICENSE
 from gpt.publish.export import export_checkpoint
 from gpt.publish.hub_api import HubError, UploadError, hub_client
 from gpt.publish.sync import Item, apply_repo, plan_repo, sync_collection
-from gpt.run.directory import COMPARISON_FILE, COMPLETED, RunDir, eval_result_files, read_eval_result, read_json
+from gpt.run.directory import COMPARISON_FILE, COMPLETED, RunDir, eval_result_files, read_eval_result
 
 DATASET_RUNS = "runs"  # the dataset's folder of per-run files
 COLLECTION_DESCRIPTION = (
@@ -211,9 +212,9 @@ def dataset_files(sweep: Sweep, names: Names, tmp: Path) -> dict[str, Path]:
     folder = tmp / "dataset"
     folder.mkdir(parents=True)
     rows = folder / "runs.jsonl"
-    rows.write_text("".join(json.dumps(row) + "\n" for row in run_rows(sweep, names)))
+    write_atomically(rows, "".join(json.dumps(row) + "\n" for row in run_rows(sweep, names)))
     card = folder / "README.md"
-    card.write_text(dataset_card(sweep, names, sorted(files)))
+    write_atomically(card, dataset_card(sweep, names, sorted(files)))
     return {**files, rows.name: rows, card.name: card}
 
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from gpt.common.errors import first_line, os_reason, shortened
+from gpt.common.files import copy_atomically
 from gpt.config import Config
 from gpt.publish.export import export_checkpoint
 from gpt.publish.hub_api import endpoint, upload_folder
@@ -54,9 +55,9 @@ def stage(ckpt: Path, staged: Path) -> None:
         try:
             (staged / name).hardlink_to(ckpt / name)
         except OSError:  # another file system, or no hard links: a copy
-            shutil.copyfile(ckpt / name, staged / name)
+            copy_atomically(ckpt / name, staged / name)
     for e in eval_result_files(ckpt):
-        shutil.copyfile(e, staged / e.name)
+        copy_atomically(e, staged / e.name)
 
 
 class CheckpointUploader:

@@ -21,7 +21,6 @@ and stops with the operating system's reason and the last good checkpoint.
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import re
 import shutil
@@ -34,7 +33,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 
-from gpt.common.errors import UserError, first_line, os_reason, shortened
+from gpt.common.errors import UserError, first_line, quoted, shortened
+from gpt.common.files import WriteError, read_json, replacing_folder, write_atomically
 from gpt.config import RESUMABLE, Config, ConfigError, config_differences, load_config
 
 MODEL_FILE, STATE_FILE, CONFIG_FILE, INFO_FILE = "model.safetensors", "state.pt", "config.yaml", "checkpoint.json"
@@ -52,19 +52,8 @@ def checkpoint_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_pointer(root: Path, pointer: str, target: str) -> None:
-    tmp = root / f".{pointer}.tmp-{os.getpid()}"
-    tmp.write_text(target + "\n")
-    _fsync(tmp)
-    os.replace(tmp, root / pointer)
+    write_atomically(root / pointer, target + "\n")
 
 
 def read_pointer(root: Path, pointer: str) -> Path | None:
@@ -118,45 +107,28 @@ def save_checkpoint(
     operating system's reason and the last good checkpoint, which stays as it was."""
     root = Path(root)
     name = checkpoint_name(step)
-    tmp = root / f".tmp-{name}-{os.getpid()}"
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        save_model(model, str(tmp / MODEL_FILE))
-        with open(tmp / STATE_FILE, "wb") as f:  # a file object: torch then keeps the OS error as the cause
-            torch.save(state, f)
-        (tmp / CONFIG_FILE).write_text(config_yaml)
-        (tmp / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
-        for f in tmp.iterdir():
-            _fsync(f)
-    except BaseException as e:  # a write error, or a stop at once: nothing half-written is left behind
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not isinstance(e, (OSError, RuntimeError, SafetensorError)):  # torch's and safetensors' write errors
-            raise
+        with replacing_folder(root / name) as tmp:  # the same step again (a resumed run passing it): swapped whole
+            save_model(model, str(tmp / MODEL_FILE))
+            with open(tmp / STATE_FILE, "wb") as f:  # a file object: torch then keeps the OS error as the cause
+                torch.save(state, f)
+            (tmp / CONFIG_FILE).write_text(config_yaml)
+            (tmp / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+        _write_pointer(root, "latest", name)
+        if is_best:
+            _write_pointer(root, "best", name)
+    except WriteError as e:  # a full disk, a file-size limit, a read-only folder: the last good one stands
         try:
             last = read_pointer(root, "latest")
         except CheckpointError:
             last = None
         kept = f"the last good checkpoint is {last.name}" if last else "no checkpoint was written yet"
         raise CheckpointError(
-            f"cannot write checkpoint {name} in {root}: {os_reason(e)}; {kept}; "
+            f"cannot write checkpoint {name} in {root}: {e.reason}; {kept}; "
             "free space or fix the folder, then rerun with --resume auto"
         ) from None
-    final = root / name
-    if final.exists():  # the same step again (a resumed run passing it): swap, never a gap
-        aside = root / f".old-{name}-{os.getpid()}"
-        final.rename(aside)
-        tmp.rename(final)
-        shutil.rmtree(aside)
-    else:
-        tmp.rename(final)
-    _fsync(root)
-    _write_pointer(root, "latest", name)
-    if is_best:
-        _write_pointer(root, "best", name)
     _prune(root, keep_last)
-    return final
+    return root / name
 
 
 def _prune(root: Path, keep_last: int) -> None:
@@ -168,73 +140,125 @@ def _prune(root: Path, keep_last: int) -> None:
             shutil.rmtree(root / name, ignore_errors=True)
 
 
-def tidy(root: Path) -> list[str]:
-    """Clean up after a killed writer; returns what was done, one line each.
+# What a killed writer leaves in a checkpoints folder (gpt.common.files names them ``.NAME.tmp-PID-X`` and
+# ``.NAME.old-PID-X``; earlier versions ``.tmp-NAME-PID`` and ``.old-NAME-PID``)
+LEFT_BEHIND = re.compile(r"\.(?:(?P<name>[\w-]+)\.(?P<kind>tmp|old)-.+|(?P<kind0>tmp|old)-(?P<name0>step-\d{8})-\d+)")
 
-    Temporary folders (never pointed to) are removed. A complete ``.old-<step>-<pid>`` whose
-    ``<step>`` is missing, left by a kill between the two renames of a same-step
+
+def tidy(root: Path) -> list[str]:
+    """Clean up after a killed writer (the run's lock is held: no writer is alive); returns what was done,
+    one line each. Temporary files and folders (never pointed to) are removed. A complete step folder
+    moved aside (``old``) whose step is missing, left by a kill between the two renames of a same-step
     replacement, is renamed back; one whose step exists is removed."""
     root, done = Path(root), []
     if not root.is_dir():
         return done
-    for p in sorted(root.glob(".tmp-*")):
-        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-    for p in sorted(root.glob(".old-step-*")):
-        name = p.name.removeprefix(".old-").rsplit("-", 1)[0]
-        if STEP_NAME.fullmatch(name) and not (root / name).exists() and problem(p) is None:
+    for p in sorted(root.glob(".*")):
+        match = LEFT_BEHIND.fullmatch(p.name)
+        if match is None:
+            continue
+        name, kind = match["name"] or match["name0"], match["kind"] or match["kind0"]
+        if kind == "old" and STEP_NAME.fullmatch(name) and not (root / name).exists() and problem(p) is None:
             p.rename(root / name)
             done.append(f"recovered {name} from {p.name}, left by a writer killed while replacing it")
         else:
-            shutil.rmtree(p, ignore_errors=True)
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
     return done
 
 
+INFO_LIMIT = 16 << 20  # bytes: a checkpoint.json is a few KB (a segment each resume adds ~2 KB)
+
+
 def problem(ckpt: Path) -> str | None:
-    """What makes checkpoint folder ``ckpt`` unloadable, or None. Reads the whole state file (its
-    zip checksums) and the weights file's layout, not the tensors."""
+    """What makes checkpoint folder ``ckpt`` unloadable, or None. Reads the whole state file (its zip
+    checksums), the weights file's layout (names and shapes against its own config's model, not the
+    tensors) and its checkpoint.json."""
     ckpt = Path(ckpt)
     if not ckpt.is_dir():
         return "missing"
-    for name in (MODEL_FILE, STATE_FILE, CONFIG_FILE):
+    for name in (MODEL_FILE, STATE_FILE, CONFIG_FILE, INFO_FILE):
         if not (ckpt / name).is_file():
             return f"no {name}"
-    damaged = _safetensors_problem(ckpt / MODEL_FILE)
+    header, damaged = _safetensors_header(ckpt / MODEL_FILE)
     if damaged:
         return f"{MODEL_FILE} {damaged}"
+    damaged = _state_problem(ckpt / STATE_FILE)
+    if damaged:
+        return f"{STATE_FILE} {damaged}"
     try:
-        with zipfile.ZipFile(ckpt / STATE_FILE) as z:
+        cfg = checkpoint_config(ckpt)
+        read_info(ckpt)
+    except CheckpointError as e:
+        return str(e).removeprefix(f"{ckpt}: ").removeprefix(f"{ckpt}/")  # checkpoint.json: damaged ...
+    return _layout_problem(header, cfg)
+
+
+def _state_problem(path: Path) -> str | None:
+    try:
+        with zipfile.ZipFile(path) as z:
             bad = z.testzip()
         if bad is not None:
-            return f"{STATE_FILE} is damaged (bad checksum in {bad})"
+            return f"is damaged (bad checksum in {bad})"
     except (zipfile.BadZipFile, OSError, EOFError) as e:
-        return f"{STATE_FILE} is damaged ({first_line(e)})"
+        return f"is damaged ({first_line(e)})"
     try:  # the pickle parsed as load_state will (tensors memory-mapped, not read): one a safe load refuses
-        torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=True, mmap=True)
+        torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError:
-        return f"{STATE_FILE} {UNSAFE}"
+        return UNSAFE
     except (RuntimeError, OSError, ValueError, EOFError) as e:
-        return f"{STATE_FILE} is damaged ({first_line(e)})"
-    try:
-        checkpoint_config(ckpt)
-    except CheckpointError as e:
-        return str(e).removeprefix(f"{ckpt}: ")
+        return f"is damaged ({first_line(e)})"
     return None
 
 
-def _safetensors_problem(path: Path) -> str | None:
+def _safetensors_header(path: Path) -> tuple[dict, str | None]:
+    """A safetensors file's header (name -> dtype, shape, offsets), and what is wrong with the file, if anything."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) < 8:
-            return f"is truncated ({size} bytes)"
+            return {}, f"is truncated ({size} bytes)"
         (header_len,) = struct.unpack("<Q", head)
+        if header_len > size - 8:
+            return {}, "is not a safetensors file (damaged header)"
         try:
             header = json.loads(f.read(header_len))
             end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
-        except (ValueError, UnicodeDecodeError, KeyError, TypeError, OverflowError, MemoryError):
-            return "is not a safetensors file (damaged header)"
+        except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError, OverflowError, MemoryError):
+            return {}, "is not a safetensors file (damaged header)"
     expected = 8 + header_len + end
-    return None if size == expected else f"is truncated ({size:,} of {expected:,} bytes)"
+    return header, None if size == expected else f"is truncated ({size:,} of {expected:,} bytes)"
+
+
+def stored_tensors(model: torch.nn.Module) -> list[tuple[frozenset[str], tuple[int, ...]]]:
+    """The model's tensors as a checkpoint stores them: each once, with every name it goes by (a tied
+    weight has two, of which the file keeps one) and its shape."""
+    groups: dict[int, tuple[list[str], tuple[int, ...]]] = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        groups.setdefault(id(t), ([], tuple(t.shape)))[0].append(name)
+    return [(frozenset(names), shape) for names, shape in groups.values()]
+
+
+def _layout_problem(header: dict, cfg: Config) -> str | None:
+    """What differs between a weights file's tensors and the ones ``cfg``'s model stores, or None."""
+    from gpt.model.gpt import GPT  # here: the model is built only where a checkpoint is checked
+
+    with torch.device("meta"):  # shapes only: nothing allocated, nothing drawn
+        expected = stored_tensors(GPT(cfg.model, seed=None))
+    stored = {k: tuple(v.get("shape", ())) for k, v in header.items() if k != "__metadata__"}
+    wanted = {name: shape for names, shape in expected for name in names}
+    wrong = [
+        f"{k} {list(stored[k])}, model {list(wanted[k])}" for k in stored if k in wanted and stored[k] != wanted[k]
+    ]
+    unexpected = [k for k in stored if k not in wanted]
+    missing = [min(names) for names, _ in expected if not names & stored.keys()]
+    if not (wrong or unexpected or missing):
+        return None
+    said = [
+        f"{len(v)} {what}: {shortened(v)}"
+        for what, v in (("of another shape", wrong), ("missing", missing), ("unexpected", unexpected))
+        if v
+    ]
+    return f"{MODEL_FILE} does not fit the model its {CONFIG_FILE} describes ({'; '.join(said)})"
 
 
 def newest_loadable(root: Path, report: Callable[[str], None]) -> Path | None:
@@ -263,12 +287,20 @@ def is_checkpoint(path: Path) -> bool:
 
 
 def read_info(ckpt: Path) -> dict:
-    """The checkpoint's ``checkpoint.json`` (step, tokens, losses, time), or {} if it has none or it is damaged."""
+    """The checkpoint's ``checkpoint.json`` (step, tokens, losses, time, segments); a CheckpointError
+    naming it if it is missing or damaged (a damaged one is never read as empty)."""
+    path = Path(ckpt) / INFO_FILE
     try:
-        info = json.loads((ckpt / INFO_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
-    return info if isinstance(info, dict) else {}
+        info = read_json(path, "checkpoint record", INFO_LIMIT)
+    except UserError as e:
+        raise CheckpointError(str(e)) from None
+    step, segments = info.get("step"), info.get("segments", [])
+    if not (isinstance(step, int) and step >= 0 and isinstance(segments, list)):
+        raise CheckpointError(
+            f"{path}: damaged checkpoint record (step {quoted(step)}, segments {quoted(segments)}: a step count and "
+            "a list expected); restore it, or resume from another checkpoint"
+        )
+    return info
 
 
 def checkpoint_identity(ckpt: Path, cfg: Config) -> dict:
@@ -299,7 +331,7 @@ def check_same_experiment(saved: Config, wanted: Config, source: Path) -> None:
     diffs = [(k, old, new) for k, old, new in config_differences(saved, wanted) if not k.startswith(RESUMABLE)]
     if not diffs:
         return
-    listed = "; ".join(f"{k}: checkpoint {old!r}, config {new!r}" for k, old, new in diffs)
+    listed = "; ".join(f"{k}: checkpoint {quoted(old)}, config {quoted(new)}" for k, old, new in diffs)
     if any(k.startswith("model.") for k, _, _ in diffs):
         raise CheckpointError(f"{source} holds a different model; {listed}")
     allowed = ", ".join(p + "*" if p.endswith(".") else p for p in RESUMABLE)

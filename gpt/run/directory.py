@@ -21,16 +21,15 @@ nobody holds was killed: the next ``--resume auto`` continues it.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from gpt.common.errors import UserError, first_line, os_reason
+from gpt.common.files import WriteError, read_json, write_atomically, write_json
+from gpt.config import ConfigError, parse_yaml
 from gpt.run.checkpoints import (
     MODEL_FILE,
     CheckpointError,
@@ -50,27 +49,6 @@ EVAL_PREFIX = "eval-"
 CHECKPOINTS_DIR = "checkpoints"
 CHARTS = {"loss": "loss.png", "lr": "lr.png", "grad_norm": "grad_norm.png"}  # a run's charts, by what they show
 COMPARISON_FILE = "comparison.json"  # compare's result, in a folder beside the runs it compares (the sweep's)
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """``path`` holds ``text`` whole, or stays as it was: a stop at any moment never leaves half a file."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def read_json(path: Path, what: str) -> dict:
-    """A JSON object from ``path``; one line naming the file if it is not one (a damaged or hand-edited file)."""
-    try:
-        data = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: damaged {what} (not valid JSON: {first_line(e)}); delete it or restore it") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: damaged {what} (a JSON {type(data).__name__}, not an object); delete or restore it")
-    return data
 
 
 @dataclass(frozen=True)
@@ -134,9 +112,9 @@ class RunDir:
 
     def write_hub_record(self, record: dict) -> None:
         try:
-            write_atomically(self.hub_file, json.dumps(record, indent=2) + "\n")
-        except OSError as e:  # a full disk: the record is the summary's to report, never a reason to stop
-            print(f"warning: cannot write {self.hub_file}: {os_reason(e)}", file=sys.stderr)
+            write_json(self.hub_file, record)
+        except WriteError as e:  # a full disk: the record is the summary's to report, never a reason to stop
+            print(f"warning: {e}", file=sys.stderr)
 
     def looks_like_run(self) -> bool:
         """Whether training ever started here (a config or a checkpoints folder)."""
@@ -154,11 +132,11 @@ class RunDir:
     def read_config(self) -> dict:
         """The resolved config as the plain mapping it was written as."""
         try:
-            data = yaml.safe_load(self.config_file.read_text())
-        except (yaml.YAMLError, UnicodeDecodeError) as e:
+            data = parse_yaml(self.config_file.read_text(), str(self.config_file))
+        except (ConfigError, UnicodeDecodeError) as e:
             raise UserError(
-                f"{self.config_file}: damaged config ({first_line(e)}); restore it from a "
-                f"checkpoint's {self.config_file.name}"
+                f"{self.config_file}: damaged config ({first_line(e).removeprefix(f'{self.config_file}: ')}); "
+                f"restore it from a checkpoint's {self.config_file.name}"
             ) from None
         if not isinstance(data, dict):
             raise UserError(
@@ -259,7 +237,7 @@ class RunDir:
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             if not (keep_config and self.config_file.is_file()):
-                self.config_file.write_text(config_yaml)
+                write_atomically(self.config_file, config_yaml)
             dropped: list[int] = []
             self.truncate_metrics(step, dropped)  # steps past the checkpoint are logged again
             if dropped:
@@ -283,7 +261,7 @@ class RunDir:
         write_atomically(self.metrics_file, "".join(json.dumps(r) + "\n" for r in kept))
 
     def write_summary(self, summary: dict) -> None:
-        write_atomically(self.summary_file, json.dumps(summary, indent=2) + "\n")
+        write_json(self.summary_file, summary)
 
 
 def find_checkpoint(path: str | Path, which: str = "latest") -> Path:
@@ -358,20 +336,20 @@ def write_eval_result(ckpt: Path, result: dict) -> bool:
     checkpoint a running trainer pruned, a read-only run)."""
     span = None if result.get("configured_range", True) else tuple(result["range"])
     path = eval_result_file(ckpt, result["split"], result["precision"], span)
-    try:  # opening a file in a folder that is gone fails: a pruned checkpoint is never recreated
-        path.write_text(json.dumps(result, indent=2) + "\n")
-    except FileNotFoundError:
-        print(
-            f"warning: {ckpt} was removed while it was evaluated (pruned by its running trainer); the result "
-            f"is printed but not kept: evaluate a checkpoint that stays, e.g. --which best",
-            file=sys.stderr,
-        )
-        return False
-    except OSError as e:  # a read-only run: the numbers are still worth having
-        print(
-            f"warning: cannot keep the result in {path}: {os_reason(e)}; it is printed, and --json FILE "
-            "writes it where you choose",
-            file=sys.stderr,
-        )
+    try:
+        write_json(path, result)
+    except WriteError as e:
+        if not Path(ckpt).is_dir():  # a pruned checkpoint is never recreated
+            print(
+                f"warning: {ckpt} was removed while it was evaluated (pruned by its running trainer); the result "
+                f"is printed but not kept: evaluate a checkpoint that stays, e.g. --which best",
+                file=sys.stderr,
+            )
+        else:  # a read-only run, a full disk: the numbers are still worth having, and an earlier result stays
+            print(
+                f"warning: cannot keep the result in {path}: {e.reason}; it is printed, and --json FILE "
+                "writes it where you choose",
+                file=sys.stderr,
+            )
         return False
     return True

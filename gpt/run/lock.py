@@ -50,21 +50,34 @@ class RunLock:
                 f"{run_path} is in use by another trainer (PID {holder}); wait for it to end or "
                 "stop it, or choose another run.name"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        except OSError as e:  # a full disk: the holder could not be named, so the lock is not taken
+            _remove_if_alone(path)
+            os.close(fd)
+            raise UserError(
+                f"cannot write the run directory {run_path}: {os_reason(e)}; free space, or set run.dir to "
+                "another folder"
+            ) from None
         self.fd = fd
 
     def release(self) -> None:
         if self.fd is None:
             return
-        try:  # a folder made only to hold the lock (the run stopped before it began) leaves no trace
-            if [p.name for p in self.path.parent.iterdir()] == [self.path.name]:
-                self.path.unlink()
-                self.path.parent.rmdir()
-        except OSError:
-            pass
+        _remove_if_alone(self.path)
         os.close(self.fd)  # closing the descriptor releases the flock
         self.fd = None
+
+
+def _remove_if_alone(lock: Path) -> None:
+    """A folder made only to hold the lock (the run stopped before it began) leaves no trace."""
+    try:
+        if [p.name for p in lock.parent.iterdir()] == [lock.name]:
+            lock.unlink()
+            lock.parent.rmdir()
+    except OSError:
+        pass
 
 
 def _read_holder(fd: int, patience: float = 2.0) -> str:

@@ -201,7 +201,7 @@ class Trainer:
         for note in tidy(self.run.checkpoints):
             print(note, file=sys.stderr)
         resume_from = self.run.claim(resume, overwrite, report=lambda note: print(note, file=sys.stderr))
-        move_aside = overwrite and not self.run.owns(resume_from)
+        move_aside = overwrite and not self.run.owns(resume_from) and self.run.holds_run()  # else nothing to keep
         continues = resume_from is not None or (self.run.holds_run() and not move_aside)
         if resume_from is not None:  # the experiment continues only as it began
             check_same_experiment(checkpoint_config(resume_from), self.cfg, resume_from)
@@ -393,7 +393,7 @@ class Trainer:
         """Rank 0: set the run directory up and mark the run as running (an evaluator then knows that
         its summary is not final)."""
         notes = []
-        if self.move_aside and self.run.path.exists():
+        if self.move_aside:
             notes.append(f"moved the earlier run to {self.run.move_aside()}")
             self.lock.release()  # its lock file went with it: hold the new folder's
             self.lock = self.run.lock()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from gpt.common.bounded import within
 from gpt.common.errors import first_line, os_reason
+from gpt.common.files import write_atomically
 from gpt.config import Config, config_to_dict
 from gpt.run.directory import RunDir
 
@@ -67,7 +68,7 @@ class Metrics:
                 )
             id_file = run.wandb_id_file  # a resumed run continues the same wandb run
             run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
-            id_file.write_text(run_id + "\n")
+            write_atomically(id_file, run_id + "\n")
             tags = [cfg.model.norm_type, f"seed-{cfg.train.seed}", *cfg.log.tags]
             bounds = {k: timeout for k in ("init_timeout", "finish_timeout") if k in _settings_fields(wandb)}
             return within(

@@ -3,11 +3,15 @@
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
+import torch
 from conftest import ROOT
 from safetensors.torch import load_file
 
@@ -128,3 +132,83 @@ def test_a_resume_on_another_world_size_is_a_new_segment(ddp_cfg, single, tmp_pa
         (10, 2, 1),
     ]
     assert_same(single, results(run))  # the reader gives every world size the same batches
+
+
+# ------------------------------------------------------------------------------------ a lost rank
+
+
+def worker(launcher: subprocess.Popen, rank: int) -> int:
+    """The PID of torchrun's worker of ``rank`` (a child of the launcher whose environment says RANK=rank)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            env = (stat.parent / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == launcher.pid and f"RANK={rank}".encode() in env:
+            return int(stat.parent.name)
+    raise AssertionError(f"no worker of rank {rank}")
+
+
+def run_and_kill(cfg, rank, after, *launcher_args):
+    """torchrun on two processes, ``rank``'s worker killed -9 once checkpoint ``after`` exists; (exit, stderr)."""
+    run = cfg.parent / cfg.stem
+    launcher = subprocess.Popen(
+        [*torchrun("--standalone", "--nproc_per_node=2", *launcher_args, config=cfg), "--resume", "auto"],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 240
+    while not (run / "checkpoints" / f"step-{after:08d}").is_dir():
+        assert launcher.poll() is None and time.time() < deadline, launcher.stderr.read()
+        time.sleep(0.05)
+    os.kill(worker(launcher, rank), signal.SIGKILL)
+    _, err = launcher.communicate(timeout=300)
+    return launcher.returncode, err
+
+
+def test_a_rank_killed_under_torchrun_restarts_resumes_on_the_first_restart(ddp_cfg, tmp_path):
+    def long(name):
+        path = ddp_cfg(name)
+        path.write_text(path.read_text().replace("steps: 12", "steps: 80").replace("log_every: 1", "log_every: 50"))
+        return path
+
+    straight = subprocess.run(torchrun("--standalone", "--nproc_per_node=2", config=long("straight")), env=ENV)
+    assert straight.returncode == 0
+    final = weights(tmp_path / "straight", 80)
+    # one restart allowed, rank 0 killed: rank 1 says so, and the group torchrun starts again resumes at once
+    code, err = run_and_kill(long("restarted"), 0, 30, "--max-restarts=1")
+    assert code == 0 and "Traceback" not in err and "[rank" not in err and "connectFullMesh" not in err, err[-3000:]
+    (said,) = [line for line in err.splitlines() if "lost rank" in line]
+    assert said.startswith("lost rank 0 (PID ") and " ended: killed, or out of memory?) at step " in said
+    checkpoint = said.rsplit("checkpoint ", 1)[1]
+    assert said.endswith(
+        "rank 1 stops too: torchrun restarts the group (1 restart(s) left) and --resume auto continues from "
+        f"checkpoint {checkpoint}"
+    )
+    summary = json.loads((tmp_path / "restarted" / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert [s["from_step"] for s in summary["segments"]] == [0, int(checkpoint.removeprefix("step-"))]
+    assert same(weights(tmp_path / "restarted", 80), final)
+    # no restart, rank 1 killed: rank 0 says so in the log and the summary; a rerun with --resume auto finishes it
+    code, err = run_and_kill(long("rerun"), 1, 30)
+    # no worker's traceback ("[rank0]: Traceback ..."); torchrun's own report of the failure is torch's
+    assert code != 0 and "[rank" not in err and err.count("Traceback") == 1 and "ChildFailedError" in err, err[-3000:]
+    (said,) = [line for line in err.splitlines() if "lost rank" in line]
+    assert said.startswith("lost rank 1 (PID ") and "; rank 0 stops too: rerun with --resume auto to continue" in said
+    summary = json.loads((tmp_path / "rerun" / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["stop_reason"] == said
+    again = subprocess.run(
+        [*torchrun("--standalone", "--nproc_per_node=2", config=tmp_path / "rerun.yaml"), "--resume", "auto"], env=ENV
+    )
+    assert again.returncode == 0 and same(weights(tmp_path / "rerun", 80), final)
+
+
+def weights(run_dir, step):
+    return load_file(str(run_dir / "checkpoints" / f"step-{step:08d}" / "model.safetensors"))
+
+
+def same(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

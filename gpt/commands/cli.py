@@ -52,9 +52,9 @@ def _run(main: Callable[[list[str] | None], int], argv: list[str] | None) -> int
         if is_rank0():
             print(f"error: {e}", file=sys.stderr)
         return USER_ERROR_EXIT
-    except StopNow as e:
-        if is_rank0():
-            print(f"{e}; the newest checkpoint stands: --resume auto continues from it", file=sys.stderr)
+    except StopNow as e:  # a third stop signal, or a lost peer (said by the rank that speaks for the machine)
+        if getattr(e, "say", is_rank0()):
+            print("; ".join(x for x in (str(e), e.hint) if x), file=sys.stderr)
         return StopNow.EXIT_CODE
     except KeyboardInterrupt:
         if is_rank0():

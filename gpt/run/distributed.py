@@ -4,13 +4,25 @@ Under ``torchrun`` (RANK, LOCAL_RANK, WORLD_SIZE set) the default process group 
 with one GPU per local rank, or gloo on the CPU. A second, gloo, group carries control
 flags (stop requested?) between CPU values, so asking "should we stop?" every step
 never waits for the GPU. Without torchrun everything is a one-process no-op.
+
+A restarted group (``torchrun --max-restarts``) meets in a store of its own. torchrun's
+agent keeps one key-value store for the whole job, and torch's process group setup
+writes its ranks' addresses there under the same keys on every attempt, so after a
+restart a rank may read the address of a rank of the attempt before, which is dead:
+``Gloo connectFullMesh failed ... Connection refused``, or a hang (torch 2.4 onward; see
+pytorch/pytorch#135712). ``_attempt_store`` asks the agent's store only for the address
+of a store that rank 0 opens anew each attempt, by a handshake that no key left by an
+earlier attempt can answer.
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import re
 import resource
+import socket
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -18,6 +30,12 @@ import torch
 import torch.distributed as dist
 
 from gpt.common.errors import UserError
+from gpt.common.files import process_alive
+
+# What a collective says when a peer is gone: gloo's socket errors, NCCL's aborts
+PEER_FAILURE = re.compile(
+    r"Connection (closed|reset) by peer|Broken pipe|NCCL (error|communicator)|remote process exited"
+)
 
 
 @dataclass
@@ -29,6 +47,7 @@ class Dist:
     world_size: int = 1  # processes in the job (1: no torchrun, no process group)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # where this rank computes
     control: object = None  # gloo group for CPU flags (None: one process)
+    peers: list = field(default_factory=list)  # every rank's (host, PID), in rank order (empty: one process)
 
     @property
     def is_main(self) -> bool:
@@ -94,6 +113,20 @@ class Dist:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
 
+    def lost_ranks(self, exc: BaseException) -> list[int] | None:
+        """If ``exc`` is a collective that failed because a peer is gone: the ranks on this machine whose
+        process has ended (empty if the lost one ran elsewhere). None if ``exc`` is something else."""
+        if not self.enabled or not isinstance(exc, RuntimeError):
+            return None
+        here = socket.gethostname()
+        lost = [r for r, (host, pid) in enumerate(self.peers) if host == here and not process_alive(pid)]
+        return lost if lost or PEER_FAILURE.search(str(exc)) else None
+
+    def speaks_for(self, lost: list[int]) -> bool:
+        """Whether this rank is the one on its machine to say that ``lost`` are gone: the lowest one left."""
+        here = socket.gethostname()
+        return self.rank == min(r for r, (host, _) in enumerate(self.peers) if host == here and r not in lost)
+
 
 def device_name(device: torch.device) -> str:
     """The GPU's name, or the CPU's as the platform reports it."""
@@ -143,6 +176,51 @@ def setup(device_choice: str = "auto") -> Dist:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, timeout=timedelta(minutes=30), device_id=device if device.type == "cuda" else None)
+    timeout = timedelta(minutes=30)
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun's: outlives restarts
+    dist.init_process_group(
+        backend,
+        timeout=timeout,
+        device_id=device if device.type == "cuda" else None,
+        **(
+            {"store": _attempt_store(rank, world_size, timeout), "rank": rank, "world_size": world_size}
+            if agent_store
+            else {}
+        ),
+    )
     control = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
-    return Dist(rank, local_rank, world_size, device, control)
+    peers = [None] * world_size
+    dist.all_gather_object(peers, (socket.gethostname(), os.getpid()), group=control)
+    return Dist(rank, local_rank, world_size, device, control, peers)
+
+
+AGENT_KEYS = "gpt-norm-harness/attempt-store"  # the handshake's keys in torchrun's agent store
+
+
+def _attempt_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store:
+    """A store that rank 0 opens for this attempt of the group alone, found through torchrun's agent store
+    (MASTER_ADDR:MASTER_PORT), which earlier attempts wrote to. Each other rank writes a fresh random word
+    under its rank and waits for the answer to that word: rank 0 answers every word it finds with its new
+    store's address until all ranks have joined it. A word or an address an earlier attempt left is never
+    taken for this attempt's."""
+    host, seconds = os.environ["MASTER_ADDR"], timeout.total_seconds()
+    agent = dist.TCPStore(host, int(os.environ["MASTER_PORT"]), None, False, timeout)
+    if rank != 0:
+        word = os.urandom(8).hex()
+        agent.set(f"{AGENT_KEYS}/hello/{rank}", word)
+        address, port = agent.get(f"{AGENT_KEYS}/answer/{word}").decode().rsplit(" ", 1)
+        store = dist.TCPStore(address, int(port), None, False, timeout)
+        store.add("joined", 1)
+        return store
+    store = dist.TCPStore(host, 0, world_size, True, timeout, wait_for_workers=False)  # port 0: a free one
+    answered, deadline = set(), time.monotonic() + seconds
+    while store.add("joined", 0) < world_size - 1:
+        hellos = [f"{AGENT_KEYS}/hello/{r}" for r in range(1, world_size)]
+        for word in (agent.get(k).decode() for k in hellos if agent.check([k])):
+            if word not in answered:
+                agent.set(f"{AGENT_KEYS}/answer/{word}", f"{host} {store.port}")
+                answered.add(word)
+        if time.monotonic() > deadline:
+            raise UserError(f"rank 0: the other ranks did not join within {seconds:.0f} s; did they start?")
+        time.sleep(0.01)
+    return store

@@ -22,6 +22,7 @@ import contextlib
 import math
 import os
 import random
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from gpt.common.errors import UserError, os_reason
+from gpt.common.errors import UserError, clipped, first_line, os_reason
 from gpt.config import Config, dump_config, load_config
 from gpt.data.tokens import (
     DataError,
@@ -53,6 +54,7 @@ from gpt.run.checkpoints import (
     load_state,
     load_weights,
     read_info,
+    read_pointer,
     save_checkpoint,
     tidy,
 )
@@ -63,7 +65,7 @@ from gpt.run.fingerprint import check_resume, take
 from gpt.run.random_state import rng_state, set_rng_state
 from gpt.training.hooks import RunHooks
 from gpt.training.metrics import Metrics
-from gpt.training.monitors import Divergence, LossWindow, StopFlag, StopNow, Throughput
+from gpt.training.monitors import Divergence, LossWindow, LostPeer, StopFlag, StopNow, Throughput
 from gpt.training.optimizer import make_optimizer, set_lr, step_unless_nonfinite
 from gpt.training.schedule import lr_at, warmup_steps
 
@@ -112,6 +114,13 @@ def train(
     except StopNow as e:  # a third stop signal: say so in the summary, keep every checkpoint as it is
         trainer.stopped_at_once(str(e))
         raise
+    except RuntimeError as e:  # a collective that failed: a peer rank's process ended?
+        lost = dist.lost_ranks(e)
+        if lost is None:
+            raise
+        message = trainer.lost_peers(lost, e, resume)
+        trainer.stopped_at_once(message)
+        raise LostPeer(message, say=dist.speaks_for(lost)) from None
     finally:
         trainer.release()
         if own_group:
@@ -432,6 +441,31 @@ class Trainer:
                 self.run.write_summary({**summary, "status": INTERRUPTED, "stop_reason": why})
         except (OSError, UserError):
             pass
+
+    def lost_peers(self, lost: list[int], exc: RuntimeError, resume: str | None) -> str:
+        """What a rank says when ``lost`` (ranks on its machine whose process ended; none: on another machine)
+        broke a collective: who, when, and which checkpoint a restart or a rerun continues from."""
+        ranks, pids = ", ".join(map(str, lost)), ", ".join(str(self.dist.peers[r][1]) for r in lost)
+        who = (
+            f"lost rank {ranks} (PID {pids} on {socket.gethostname()} ended: killed, or out of memory?)"
+            if lost
+            else f"lost a rank on another machine ({clipped(first_line(exc), 160)})"
+        )
+        try:
+            latest = read_pointer(self.run.checkpoints, "latest")
+        except CheckpointError:
+            latest = None
+        where = f"checkpoint {latest.name}" if latest is not None else "the start (no checkpoint yet)"
+        left = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)) - int(
+            os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)
+        )
+        if resume != "auto":
+            then = f"rerun with --resume auto to continue from {where} (a restart without it refuses the run it finds)"
+        elif left > 0:
+            then = f"torchrun restarts the group ({left} restart(s) left) and --resume auto continues from {where}"
+        else:
+            then = f"rerun with --resume auto to continue from {where} (torchrun --max-restarts=N does it by itself)"
+        return f"{who} at step {self.progress.step}; rank {self.dist.rank} stops too: {then}"
 
     def release(self) -> None:
         """Let the run directory go (a killed process lets go too: the kernel drops its lock)."""

@@ -171,6 +171,18 @@ class StopNow(BaseException):
     up). Entry points say so in one line and exit with ``EXIT_CODE``, the status of an interrupted run."""
 
     EXIT_CODE = 4
+    hint = "the newest checkpoint stands: --resume auto continues from it"  # said after the message
+
+
+class LostPeer(StopNow):
+    """A collective failed because a peer rank's process ended (killed, out of memory): this rank stops too.
+    The message is whole (no ``hint``); ``say``: whether this rank is the one on its machine to print it."""
+
+    hint = ""
+
+    def __init__(self, message: str, say: bool):
+        super().__init__(message)
+        self.say = say
 
 
 class StopFlag:

@@ -15,7 +15,7 @@ import tempfile
 import pytest
 from conftest import ROOT
 from test_compare import make_run
-from test_faults import files_of, limit_file_size, one_line_error, run_cli
+from test_faults import command, files_of, limit_file_size, one_line_error, run_cli
 
 from gpt.common.files import HOST, WriteError, replacing, replacing_folder, write_atomically
 from gpt.config import load_config
@@ -97,6 +97,15 @@ def test_a_killed_writers_temporary_files_are_removed_by_the_next_write(tmp_path
         p.write_text("{half")
     write_atomically(path, "{}\n")
     assert not abandoned.exists() and alive.exists() and elsewhere.exists() and path.read_text() == "{}\n"
+    # a folder moved aside by a kill between the two renames of its replacement: the last whole one, taken back
+    aside = tmp_path / f".tokens.old-{HOST}-999999999-abc"
+    aside.mkdir()
+    (aside / "meta.json").write_text("{}")
+    (tmp_path / f".tokens.tmp-{HOST}-999999999-def").mkdir()  # the new one, never renamed in: removed
+    with pytest.raises(RuntimeError), replacing_folder(tmp_path / "tokens"):
+        raise RuntimeError("a writer that fails")
+    assert sorted(p.name for p in tmp_path.iterdir() if "tokens" in p.name) == ["tokens"]
+    assert (tmp_path / "tokens" / "meta.json").read_text() == "{}"
 
 
 # ------------------------------------------------------------------------------------ evaluation
@@ -262,9 +271,11 @@ def test_a_training_run_on_a_full_disk_keeps_its_last_checkpoint(train_yaml, tmp
     assert leftovers(run) == []
 
 
-def test_the_run_folder_on_a_full_disk_at_the_start_is_one_line(train_yaml, disk):
+def test_the_run_folder_on_a_full_disk_at_the_start_is_one_line(train_yaml, disk, capsys):
+    from gpt.commands.train import main as train_cli
+
     cfg = train_yaml("nospace")
     cfg.write_text(cfg.read_text().replace(f"dir: {cfg.parent / 'nospace'}", f"dir: {disk.path / 'nospace'}"))
     disk.fill()
-    one_line_error(run_cli(ROOT / "train.py", cfg), f"{disk.path / 'nospace'}", NO_SPACE)
+    one_line_error(command(capsys, train_cli, cfg), f"{disk.path / 'nospace'}", NO_SPACE)
     assert sorted(p.name for p in disk.path.iterdir()) == ["filler"]  # no run folder, no lock, no temporary file

@@ -144,8 +144,8 @@ def test_a_damaged_or_huge_record_is_one_line_never_an_empty_one(finished, tmp_p
     [
         lambda p: p.write_bytes(b"\x00garbage!"),  # 9 bytes
         lambda p: sparse(p, GIB),  # 1 GB
-        lambda p: p.write_text('{"step": 20, "segments": "not a list"}'),
-        lambda p: p.unlink(),
+        pytest.param(lambda p: p.write_text('{"step": 20, "segments": "not a list"}'), marks=pytest.mark.slow),
+        pytest.param(lambda p: p.unlink(), marks=pytest.mark.slow),
     ],
     ids=["garbage", "1GB", "wrong-shape", "missing"],
 )

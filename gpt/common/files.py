@@ -73,15 +73,21 @@ def _temporary_name(path: Path, kind: str) -> str:
 
 def remove_abandoned(path: Path) -> None:
     """Temporary files and folders that earlier writes of ``path`` on this machine left when their process
-    was killed mid-way (a live writer's, or another machine's on a shared file system, are left alone)."""
-    for kind in ("tmp", "old"):
+    was killed mid-way (a live writer's, or another machine's on a shared file system, are left alone). A
+    folder moved aside (``old``) while ``path`` is missing, by a kill between the two renames of a
+    replacement, is the last whole one: it is renamed back, not removed."""
+    for kind in ("old", "tmp"):
         head = f".{path.name}.{kind}-"
         for stale in path.parent.glob(glob.escape(head) + "*"):
             host, _, rest = stale.name.removeprefix(head).partition("-")
             if not rest:  # .NAME.tmp-PID, as an earlier version named it
                 host, rest = HOST, host
             pid = rest.split("-", 1)[0]
-            if host == HOST and pid.isdigit() and not process_alive(int(pid)):
+            if not (host == HOST and pid.isdigit() and not process_alive(int(pid))):
+                continue
+            if kind == "old" and not path.exists():
+                stale.rename(path)
+            else:
                 shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
 
 
@@ -144,10 +150,12 @@ def copy_atomically(source: str | Path, path: str | Path) -> None:
 @contextlib.contextmanager
 def replacing_folder(path: str | Path) -> Iterator[Path]:
     """A temporary folder beside ``path`` to fill; on leaving the block its files are flushed and it is
-    renamed to ``path``. A folder already there is moved aside first and removed after, so ``path`` is
-    always the old folder or the new one, whole. If the block raises, the temporary folder is removed."""
+    renamed to ``path``. A folder already there is moved aside first and removed after; a kill between the
+    two renames leaves it aside whole, and the next write of ``path`` (or ``tidy``, for a checkpoint) takes
+    it back. If the block raises, the temporary folder is removed and ``path`` is as it was."""
     path = Path(path)
     tmp = path.with_name(f"{_temporary_name(path, 'tmp')}{os.urandom(4).hex()}")
+    aside = path.with_name(f"{_temporary_name(path, 'old')}{os.urandom(4).hex()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         remove_abandoned(path)
@@ -157,15 +165,14 @@ def replacing_folder(path: str | Path) -> Iterator[Path]:
             if f.is_file():
                 fsync(f)
         if path.exists():
-            aside = path.with_name(f"{_temporary_name(path, 'old')}{os.urandom(4).hex()}")
             path.rename(aside)
-            tmp.rename(path)
-            shutil.rmtree(aside, ignore_errors=True)
-        else:
-            tmp.rename(path)
+        tmp.rename(path)
+        shutil.rmtree(aside, ignore_errors=True)
         fsync(path.parent)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if aside.exists() and not path.exists():  # the second rename failed: the old one goes back
+            aside.rename(path)
         if os_cause(e) is not None:  # a library's write error names the OS's reason in its chain or message
             raise WriteError(path, e) from e
         raise

@@ -27,7 +27,7 @@ import numpy as np
 import tiktoken
 from tqdm import tqdm
 
-from gpt.common.files import WriteError, replacing_folder
+from gpt.common.files import WriteError, remove_abandoned, replacing_folder
 from gpt.data.tokens import META_FILE, TOKEN_DTYPE, DataError, sample_digest
 from gpt.data.sources import Source
 
@@ -68,6 +68,7 @@ def prepare(source: Source, out: str | Path, enc: tiktoken.Encoding, *, val_toke
     eot = check_tokenizer(enc)
     if min(val_tokens, test_tokens) < 0 or (max_tokens is not None and max_tokens <= 0):
         raise DataError("--val-tokens and --test-tokens must be >= 0, --max-tokens > 0")
+    remove_abandoned(out)  # a set a killed preparation moved aside comes back first: --overwrite guards it too
     if out.exists() and not overwrite:
         raise DataError(f"{out}: already exists; pass --overwrite to replace it")
     try:  # a temporary folder beside it, renamed into place whole (an old set is moved aside first)

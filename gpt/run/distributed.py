@@ -200,14 +200,15 @@ AGENT_KEYS = "gpt-norm-harness/attempt-store"  # the handshake's keys in torchru
 def _attempt_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store:
     """A store that rank 0 opens for this attempt of the group alone, found through torchrun's agent store
     (MASTER_ADDR:MASTER_PORT), which earlier attempts wrote to. Each other rank writes a fresh random word
-    under its rank and waits for the answer to that word: rank 0 answers every word it finds with its new
-    store's address until all ranks have joined it. A word or an address an earlier attempt left is never
-    taken for this attempt's."""
+    under a number the agent's store counts out, and waits for the answer to that word: rank 0 answers
+    every word it finds with its new store's address until all ranks have joined it. A word or an address
+    an earlier attempt left is never taken for this attempt's (rank 0 answers old words too: harmless)."""
     host, seconds = os.environ["MASTER_ADDR"], timeout.total_seconds()
     agent = dist.TCPStore(host, int(os.environ["MASTER_PORT"]), None, False, timeout)
+    count = f"{AGENT_KEYS}/hellos"
     if rank != 0:
         word = os.urandom(8).hex()
-        agent.set(f"{AGENT_KEYS}/hello/{rank}", word)
+        agent.set(f"{AGENT_KEYS}/hello/{agent.add(count, 1)}", word)
         address, port = agent.get(f"{AGENT_KEYS}/answer/{word}").decode().rsplit(" ", 1)
         store = dist.TCPStore(address, int(port), None, False, timeout)
         store.add("joined", 1)
@@ -215,11 +216,11 @@ def _attempt_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store
     store = dist.TCPStore(host, 0, world_size, True, timeout, wait_for_workers=False)  # port 0: a free one
     answered, deadline = set(), time.monotonic() + seconds
     while store.add("joined", 0) < world_size - 1:
-        hellos = [f"{AGENT_KEYS}/hello/{r}" for r in range(1, world_size)]
-        for word in (agent.get(k).decode() for k in hellos if agent.check([k])):
-            if word not in answered:
-                agent.set(f"{AGENT_KEYS}/answer/{word}", f"{host} {store.port}")
-                answered.add(word)
+        for i in range(1, agent.add(count, 0) + 1):  # one check for each hello not yet answered
+            key = f"{AGENT_KEYS}/hello/{i}"
+            if i not in answered and agent.check([key]):
+                agent.set(f"{AGENT_KEYS}/answer/{agent.get(key).decode()}", f"{host} {store.port}")
+                answered.add(i)
         if time.monotonic() > deadline:
             raise UserError(f"rank 0: the other ranks did not join within {seconds:.0f} s; did they start?")
         time.sleep(0.01)

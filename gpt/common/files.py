@@ -26,7 +26,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from gpt.common.errors import UserError, first_line, os_cause, os_reason
+from gpt.common.errors import UserError, clipped, first_line, os_cause, os_reason
 
 _UMASK = os.umask(0)  # read once: the mode a plainly created file would get
 os.umask(_UMASK)
@@ -178,22 +178,28 @@ def replacing_folder(path: str | Path) -> Iterator[Path]:
         raise
 
 
-def read_json(path: str | Path, what: str, limit: int = JSON_LIMIT, fix: str = "restore it or delete it") -> dict:
+def read_json(
+    path: str | Path,
+    what: str,
+    limit: int = JSON_LIMIT,
+    fix: str = "restore it or delete it",
+    error: type[UserError] = UserError,
+) -> dict:
     """The JSON object in ``path``, one of the package's records (``what`` names it in messages). A file
-    over ``limit`` bytes is refused before it is read; one that is not a JSON object is a UserError naming
-    it and ``fix``, never an empty dict."""
+    over ``limit`` bytes is refused before it is read; one that is not a JSON object is an ``error`` (a
+    UserError: the caller's own kind) naming it and ``fix``, never an empty dict."""
     path = Path(path)
     try:
         size = path.stat().st_size
         text = path.read_bytes() if size <= limit else None
     except OSError as e:
-        raise UserError(f"{path}: cannot read the {what}: {os_reason(e)}") from None
+        raise error(f"{path}: cannot read the {what}: {os_reason(e)}") from None
     if text is None:
-        raise UserError(f"{path}: damaged {what} ({size:,} bytes, and no {what} is over {limit:,}); {fix}")
+        raise error(f"{path}: damaged {what} ({size:,} bytes, and no {what} is over {limit:,}); {fix}")
     try:
         data = json.loads(text.decode())  # UTF-8, as the package writes it: never an encoding guessed
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
-        raise UserError(f"{path}: damaged {what} (not valid JSON: {first_line(e)[:120]}); {fix}") from None
+        raise error(f"{path}: damaged {what} (not valid JSON: {clipped(first_line(e), 120)}); {fix}") from None
     if not isinstance(data, dict):
-        raise UserError(f"{path}: damaged {what} (a JSON {type(data).__name__}, not an object); {fix}")
+        raise error(f"{path}: damaged {what} (a JSON {type(data).__name__}, not an object); {fix}")
     return data

@@ -197,10 +197,7 @@ def read_meta(data_dir: str | Path) -> dict | None:
     path = Path(data_dir) / META_FILE
     if not path.is_file():
         return None
-    try:
-        meta = read_json(path, "token set record", fix="prepare the set again")
-    except UserError as e:
-        raise DataError(str(e)) from None
+    meta = read_json(path, "token set record", fix="prepare the set again", error=DataError)
     if meta.get("dtype", "uint16") not in TOKEN_DTYPES:
         raise DataError(f"{path}: dtype {quoted(meta['dtype'])} is not a token dtype ({', '.join(TOKEN_DTYPES)})")
     if not isinstance(meta.get("tokenizer", {}), dict):

@@ -21,7 +21,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from gpt.common.errors import UserError, first_line
+from gpt.common.errors import first_line
 from gpt.common.files import copy_atomically, read_json
 from gpt.config import Config, config_from_dict, config_to_dict
 from gpt.data.tokenizer import EOT_TOKEN
@@ -142,10 +142,7 @@ def write_code(folder: Path) -> list[str]:
 
 def load_published(folder: Path):
     """Our GPT from an export folder (either layout), e.g. a Hub repo's snapshot."""
-    try:
-        config = read_json(folder / "config.json", "model config", fix="not a published model")
-    except UserError as e:
-        raise HubError(str(e)) from None
+    config = read_json(folder / "config.json", "model config", fix="not a published model", error=HubError)
     weights = read_weights(folder)
     if config.get("model_type") == "gpt2":  # the stock layout (Q/K/V bias present, zero where we had none)
         cfg = model_config_from_hf(SimpleNamespace(**config))

@@ -140,8 +140,8 @@ def _prune(root: Path, keep_last: int) -> None:
             shutil.rmtree(root / name, ignore_errors=True)
 
 
-# What a killed writer leaves in a checkpoints folder (gpt.common.files names them ``.NAME.tmp-PID-X`` and
-# ``.NAME.old-PID-X``; earlier versions ``.tmp-NAME-PID`` and ``.old-NAME-PID``)
+# What a killed writer leaves in a checkpoints folder (gpt.common.files names them ``.NAME.tmp-HOST-PID-X`` and
+# ``.NAME.old-HOST-PID-X``; earlier versions ``.tmp-NAME-PID`` and ``.old-NAME-PID``)
 LEFT_BEHIND = re.compile(r"\.(?:(?P<name>[\w-]+)\.(?P<kind>tmp|old)-.+|(?P<kind0>tmp|old)-(?P<name0>step-\d{8})-\d+)")
 
 
@@ -290,10 +290,7 @@ def read_info(ckpt: Path) -> dict:
     """The checkpoint's ``checkpoint.json`` (step, tokens, losses, time, segments); a CheckpointError
     naming it if it is missing or damaged (a damaged one is never read as empty)."""
     path = Path(ckpt) / INFO_FILE
-    try:
-        info = read_json(path, "checkpoint record", INFO_LIMIT)
-    except UserError as e:
-        raise CheckpointError(str(e)) from None
+    info = read_json(path, "checkpoint record", INFO_LIMIT, error=CheckpointError)
     step, segments = info.get("step"), info.get("segments", [])
     if not (isinstance(step, int) and step >= 0 and isinstance(segments, list)):
         raise CheckpointError(

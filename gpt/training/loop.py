@@ -210,8 +210,9 @@ class Trainer:
         for note in tidy(self.run.checkpoints):
             print(note, file=sys.stderr)
         resume_from = self.run.claim(resume, overwrite, report=lambda note: print(note, file=sys.stderr))
-        move_aside = overwrite and not self.run.owns(resume_from) and self.run.holds_run()  # else nothing to keep
-        continues = resume_from is not None or (self.run.holds_run() and not move_aside)
+        holds_run = self.run.holds_run()
+        move_aside = overwrite and not self.run.owns(resume_from) and holds_run  # else nothing to keep
+        continues = resume_from is not None or (holds_run and not move_aside)
         if resume_from is not None:  # the experiment continues only as it began
             check_same_experiment(checkpoint_config(resume_from), self.cfg, resume_from)
         elif continues and self.run.config_file.is_file():  # restarting a run killed before a checkpoint

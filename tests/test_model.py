@@ -8,6 +8,7 @@ from conftest import CONFIGS
 
 from gpt.config import load_config
 from gpt.model.gpt import GPT, RESIDUAL_PROJECTIONS, param_seed
+from gpt.model.loss import cross_entropy
 from gpt.model.norms import NORM_TYPES
 
 
@@ -128,6 +129,38 @@ def test_gpt2_init_distributions(tiny_model_cfg):
         expected = 0.02 / math.sqrt(2 * n_layers) if name.endswith(RESIDUAL_PROJECTIONS) else 0.02
         assert p.mean().abs().item() < 0.1 * expected + 1e-3, name
         assert p.std().item() == pytest.approx(expected, rel=0.08), name
+
+
+@pytest.mark.parametrize("norm_type", NORM_TYPES)
+def test_every_init_starts_near_the_uniform_loss_with_no_subnormal_gradient(tiny_model_cfg, norm_type):
+    # GPT-2's full vocabulary, where a too-wide head saturates the softmax: a tied matrix drawn by the
+    # embedding's normal(0, 1) started at a loss of ~86 with 41% of the logits' gradients subnormal (16x
+    # slower steps on the CPU). Every (tie_weights, init) pair starts within 0.45 of ln V; nothing a step
+    # multiplies is subnormal.
+    V, tiny = 50257, torch.finfo(torch.float32).tiny
+    g = torch.Generator().manual_seed(0)
+    idx, targets = torch.randint(0, V, (2, 32), generator=g), torch.randint(0, V, (2, 32), generator=g)
+    for tie_weights in (False, True):
+        for init in ("pytorch", "gpt2"):
+            cfg = dict(vocab_size=V, context_length=32, d_model=128, tie_weights=tie_weights, init=init)
+            model = GPT(tiny_model_cfg(norm_type=norm_type, **cfg), seed=0)
+            logits = model(idx)[0]
+            logits.retain_grad()
+            loss = cross_entropy(logits, targets)
+            loss.backward()
+            assert abs(loss.item() - math.log(V)) < 0.45, (tie_weights, init, loss.item())
+            for name, grad in [("logits", logits.grad)] + [(n, p.grad) for n, p in model.named_parameters()]:
+                subnormal = int(((grad != 0) & (grad.abs() < tiny)).sum())
+                assert subnormal == 0, (tie_weights, init, name, subnormal)
+
+
+def test_a_tied_matrix_takes_the_heads_rule(tiny_model_cfg):
+    tied = GPT(tiny_model_cfg(d_model=64, tie_weights=True), seed=0).wte.weight
+    bound = 1 / math.sqrt(64)  # nn.Linear(64, V)'s uniform(-1/sqrt(64), 1/sqrt(64)), not the embedding's normal(0, 1)
+    assert bound * 0.95 < tied.abs().max().item() <= bound
+    gpt2 = GPT(tiny_model_cfg(tie_weights=True, init="gpt2"), seed=0).wte.weight
+    untied = GPT(tiny_model_cfg(init="gpt2"), seed=0).wte.weight
+    assert torch.equal(gpt2, untied)  # gpt2's rule is one normal(0, 0.02) for both: drawn as before
 
 
 def test_tied_weights_share_storage(tiny_model_cfg):

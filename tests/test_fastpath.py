@@ -10,7 +10,10 @@ import json
 import pytest
 import torch
 
+import gpt.model.gpt
 from gpt.config import load_config
+from gpt.model.gpt import GPT
+from gpt.model.loss import autocast_for
 from gpt.run.fastpath import resolve
 from gpt.training.loop import train
 from gpt.training.monitors import Throughput
@@ -64,8 +67,49 @@ def test_prefetching_reads_the_same_batches(train_yaml, tmp_path):
 def test_a_padded_vocabulary_computes_the_same_function(train_yaml, tmp_path):
     plain, _ = losses(train_yaml, tmp_path, "plain")
     padded, summary = losses(train_yaml, tmp_path, "padded", "model.vocab_pad_multiple=96")  # 256 -> 288 rows
-    assert padded == pytest.approx(plain, rel=1e-5)
+    assert padded == pytest.approx(plain, rel=1e-6)
     assert summary["n_params"] == train(load_config(train_yaml("again"), ["train.steps=1"]))["n_params"]
+
+
+def plain_cross_entropy(logits, targets, reduction="mean"):
+    """The loss as it was: F.cross_entropy on a float32 copy of the logits, which it keeps for backward."""
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction=reduction)
+
+
+@pytest.mark.parametrize("precision, rel", [("fp32", 1e-6), ("bf16", 1e-3)])
+def test_the_loss_only_step_computes_the_losses_of_the_plain_one(train_yaml, tmp_path, monkeypatch, precision, rel):
+    # the step's memory savings (no logits returned, no float32 log-softmax kept): the same per-step losses
+    lean, _ = losses(train_yaml, tmp_path, "lean", f"train.precision={precision}")
+    monkeypatch.setattr(gpt.model.gpt, "cross_entropy", plain_cross_entropy)
+    plain, _ = losses(train_yaml, tmp_path, "plain", f"train.precision={precision}")
+    assert lean == pytest.approx(plain, rel=rel)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_loss_keeps_no_float32_copy_of_the_logits_for_backward(tiny_model_cfg, monkeypatch, precision):
+    # the vocabulary-wide tensors one training forward keeps for backward: the logits as they came (bf16
+    # under autocast, 2 bytes a logit), where F.cross_entropy kept a float32 log-softmax (4 bytes a logit)
+    def kept_for_backward() -> list[torch.dtype]:
+        model = GPT(tiny_model_cfg(vocab_size=50257, d_model=64), seed=0)
+        idx = torch.randint(0, 50257, (2, 16), generator=torch.Generator().manual_seed(0))
+        kept: dict[int, torch.dtype] = {}  # by storage: two nodes may keep the same tensor
+
+        def pack(t):
+            if tuple(t.shape) == (2 * 16, 50257):  # (N, V): one per token and vocabulary entry
+                kept[t.untyped_storage().data_ptr()] = t.dtype
+            return t
+
+        autocast = autocast_for(precision, torch.device("cpu"))
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast():
+            logits, loss = model(idx, idx, loss_only=True)
+        assert logits is None  # nothing holds the logits but the backward pass
+        loss.backward()
+        return list(kept.values())
+
+    dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+    assert kept_for_backward() == [dtype]
+    monkeypatch.setattr(gpt.model.gpt, "cross_entropy", plain_cross_entropy)
+    assert kept_for_backward() == [torch.float32]
 
 
 def test_bf16_autocast_computes_the_same_function_within_bf16_tolerance(train_yaml, tmp_path):
@@ -81,6 +125,11 @@ def test_torch_compile_computes_the_same_function(train_yaml, tmp_path, capfd):
     eager, _ = losses(train_yaml, tmp_path, "eager")
     compiled, summary = losses(train_yaml, tmp_path, "compiled", "train.compile=true", "log.progress=true")
     assert compiled == pytest.approx(eager, rel=1e-4)
+    val = [
+        json.loads((tmp_path / n / "metrics.jsonl").read_text().splitlines()[-1])["val_loss"]
+        for n in ("eager", "compiled")
+    ]
+    assert val[1] == pytest.approx(val[0], rel=1e-4)  # validation's full batches compiled, the ragged one eager
     assert summary["compile"] is True and summary["first_step_seconds"] > 1.0  # it compiled
     err = capfd.readouterr().err
     assert f"torch.compile: the first step took {summary['first_step_seconds']:.1f} s (compiling)" in err
@@ -94,6 +143,39 @@ def test_the_first_step_counts_in_wall_time_but_in_no_rate():
     th._last = th._last.__class__(th._last.time - 2.0, th._last.step, th._last.paused)
     assert th.since_last_log(3) == pytest.approx(2 * 10 / 2.0, rel=1e-2)  # 2 steps in 2 s, not in 52
     assert th.seconds() >= 50.0
+
+
+def test_validation_scores_its_full_batches_through_the_compiled_model(train_yaml, tmp_path, monkeypatch):
+    # torch.compile stood in for by a wrapper that counts the batches it scores: validation's full batches
+    # go through it (no DDP), the ragged last batch through the eager model, and the loss is the eager one's
+    from gpt.evaluation.token_loss import evaluate_loss
+    from gpt.run.distributed import Dist
+    from gpt.training.loop import Trainer
+
+    class Counted(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model, self.batches = model, []
+
+        def forward(self, idx, *args, **kw):
+            self.batches.append(idx.shape[0])
+            return self.model(idx, *args, **kw)
+
+    monkeypatch.setattr(torch, "compile", Counted)
+    trainer = Trainer(load_config(train_yaml(), ["train.compile=true"]), Dist())
+    trainer.open_data(trainer.cfg.data.path)
+    trainer.build()
+    trainer.prepare_step()
+    record = {}
+    trainer.validate(record)
+    trainer.release()
+    n_seq = trainer.val.n_sequences(trainer.cfg.model.context_length)
+    batch = trainer.cfg.train.micro_batch_size
+    assert n_seq % batch and trainer.scorer.batches == [batch] * (n_seq // batch)  # the ragged one: eager
+    eager = evaluate_loss(
+        trainer.model, trainer.val, Dist(), seq_len=trainer.cfg.model.context_length, batch_size=batch
+    )
+    assert record["val_loss"] == eager[0]
 
 
 def test_tf32_is_set_through_one_api_and_compile_never_autotunes(train_yaml, monkeypatch):
@@ -110,7 +192,7 @@ def test_tf32_is_set_through_one_api_and_compile_never_autotunes(train_yaml, mon
     trainer.build()
     trainer.prepare_step()
     trainer.release()
-    assert calls == [{}]  # torch.compile(model): default mode, no max-autotune
+    assert calls == [{}, {}]  # the step's and validation's torch.compile(model): default mode, no max-autotune
     matmul = torch.backends.cuda.matmul
     if hasattr(matmul, "fp32_precision"):  # torch >= 2.9: the new API alone
         before, conv_before = matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision

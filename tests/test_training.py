@@ -409,8 +409,8 @@ def inject_nonfinite(monkeypatch, bad_steps, accum):
     """Make the training loss NaN on the given (1-based) steps, counting training forward passes."""
     original, calls = GPT.forward, {"n": 0}
 
-    def forward(self, idx, targets=None):
-        logits, loss = original(self, idx, targets)
+    def forward(self, idx, targets=None, **kw):
+        logits, loss = original(self, idx, targets, **kw)
         if targets is not None:
             step = calls["n"] // accum + 1
             calls["n"] += 1

@@ -31,11 +31,13 @@ def evaluate_loss(
     batch_size: int,
     autocast=contextlib.nullcontext,
     progress: Callable[[int], object] | None = None,
+    compiled: torch.nn.Module | None = None,
 ) -> tuple[float, int]:
     """(mean loss, tokens scored) of ``model`` on ``span``; ``progress(n)`` is told of each n tokens scored.
 
     Pass the unwrapped model: ranks may score different numbers of batches, which DDP
-    must not see.
+    must not see. ``compiled``, the same model under torch.compile, scores the full batches;
+    the ragged last one goes through ``model`` (another shape would compile again).
     """
     n_seq = span.n_sequences(seq_len)
     n_batches = math.ceil(n_seq / batch_size)
@@ -47,8 +49,9 @@ def evaluate_loss(
         batch = span.read(ids, seq_len)  # (b, T + 1)
         check_ids(batch, getattr(getattr(model, "cfg", None), "vocab_size", None), f"{span.tokens.path}, batch {b}")
         batch = batch.to(dist.device, non_blocking=True)
+        net = compiled if compiled is not None and len(ids) == batch_size else model
         with autocast():
-            logits, _ = model(batch[:, :-1])
+            logits, _ = net(batch[:, :-1])
         sums[b] = cross_entropy(logits, batch[:, 1:], reduction="none").double().sum()
         if progress is not None:
             progress(len(ids) * seq_len)

@@ -52,7 +52,8 @@ def stepping_config(cfg: Config, norm_type: str, compile_: bool, steps: int) -> 
 
 def fits_in_memory(cfg: Config, dist: Dist, micro_batch: int) -> bool:
     """Whether two training steps of ``cfg`` at ``micro_batch`` run without running out of GPU memory,
-    beside a reserve as large as DDP's gradient buckets (fp32, one copy of the gradients)."""
+    beside a reserve as large as DDP's gradient buckets (fp32, one copy of the gradients, held all step
+    long: under DDP the gradients are views of them, ``gradient_as_bucket_view``)."""
     c = stepping_config(cfg, cfg.model.norm_type, False, 2)  # two eager steps of one micro-batch
     c.train.micro_batch_size = c.train.global_batch_size = micro_batch
     trainer = Trainer(c, dist)

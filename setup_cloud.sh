@@ -3,18 +3,24 @@
 #
 #   bash setup_cloud.sh [--data fineweb-edu | fineweb | USER/TOKENS_REPO] [--dry-run]
 #
-# 1. Checks the NVIDIA driver and lists the GPUs (none: says so and sets up the CPU
-#    environment instead).
-# 2. scripts/setup.sh: .venv with this package; a torch already on the image is kept
-#    (--system-site-packages), else torch==2.13.0 from PyPI, a CUDA build on Linux x86_64.
-#    Then checks that torch sees the GPUs.
-# 3. With HF_TOKEN / WANDB_API_KEY in the environment, logs in to the Hub and wandb without a
+# 1. Checks the NVIDIA driver, lists the GPUs (none: says so and sets up the CPU environment
+#    instead) and picks the torch build the driver runs (scripts/torch_plan.sh: below driver 580,
+#    torch 2.13's CUDA 12 build; TORCH_SPEC / TORCH_INDEX_URL override), or says why none does.
+# 2. Preflight: python3-venv, a C compiler and the Python headers (torch.compile's Triton needs
+#    both); the missing ones are installed with apt-get as root or with passwordless sudo, else
+#    one line names them.
+# 3. scripts/setup.sh: .venv with this package; a torch already on the image is kept
+#    (--system-site-packages) where it sees the GPUs, else that build goes into .venv.
+# 4. On GPUs, scripts/preflight.py: torch sees them, torch.compile runs on one and an NCCL
+#    all-reduce goes through across all of them (about a minute), before any download.
+# 5. With HF_TOKEN / WANDB_API_KEY in the environment, logs in to the Hub and wandb without a
 #    prompt; the tokens go only where those tools keep them (~/.cache/huggingface/token,
 #    ~/.netrc), never on a command line or into this checkout.
-# 4. --data: prepares FineWeb-Edu or FineWeb (3.5B training tokens, into data/<name>), or
+# 6. --data: prepares FineWeb-Edu or FineWeb (3.5B training tokens, into data/<name>), or
 #    fetches a pre-tokenised Hub set into the Hugging Face cache. Skipped when already there.
-# 5. Prints the torchrun command to start.
-# --dry-run prints each step instead of doing it. Run it again after a pull: done steps are quick.
+# 7. Prints the torchrun command to start.
+# --dry-run prints the plan and each step instead of doing it. Run it again after a pull: done
+# steps are quick.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -24,7 +30,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --data) DATA="${2:?--data needs fineweb-edu, fineweb or a Hub repo USER/NAME}"; shift 2 ;;
         --dry-run) DRY_RUN=1; shift ;;
-        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
         *) echo "setup_cloud: unknown argument $1 (allowed: --data NAME, --dry-run)" >&2; exit 2 ;;
     esac
 done
@@ -44,18 +50,60 @@ step() {  # run a step, or with --dry-run print it
 }
 
 PY=.venv/bin/python
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    GPUS=$(nvidia-smi -L | wc -l)
-    echo "setup_cloud: NVIDIA driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1), $GPUS GPU(s):"
+# shellcheck source=/dev/null  # scripts/torch_plan.sh, checked on its own
+. scripts/torch_plan.sh
+if nvidia_info; then
+    GPUS=$NV_GPUS
+    echo "setup_cloud: NVIDIA driver $NV_DRIVER (CUDA $NV_CUDA), $GPUS GPU(s):"
     nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 else
     GPUS=0
     echo "setup_cloud: no NVIDIA GPU here (nvidia-smi missing or no driver): setting up the CPU environment"
 fi
+if ! torch_plan; then  # no build runs on this driver: said before anything is installed
+    echo "setup_cloud: $TORCH_PLAN" >&2
+    exit 1
+fi
 
-step bash scripts/setup.sh
-if [ "$GPUS" -gt 0 ]; then
-    step "$PY" -c "import sys, torch; ok = torch.cuda.is_available(); print(f'torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.device_count()} GPU(s) visible' if ok else f'torch {torch.__version__} sees no GPU: a CPU build? remove .venv and install a CUDA build of torch'); sys.exit(0 if ok else 1)"
+preflight() {  # what a bare Ubuntu lacks: python3-venv, a C compiler (Triton: $CC, gcc or clang), Python.h
+    local py=${PYTHON:-python3} missing=() why=() as_root=()
+    if [ ! -x "$PY" ] && ! "$py" -c "import ensurepip, venv" 2>/dev/null; then
+        missing+=(python3-venv) why+=("$py -m venv (no ensurepip)")
+    fi
+    if [ -z "${CC:-}" ] && ! command -v gcc >/dev/null && ! command -v clang >/dev/null; then
+        missing+=(build-essential) why+=("a C compiler (no gcc or clang)")
+    fi
+    [ ! -x "$PY" ] || py=$PY  # Triton builds against the headers of the interpreter it runs in
+    if ! "$py" -c "import os, sys, sysconfig; sys.exit(not os.path.isfile(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))" 2>/dev/null; then
+        missing+=(python3-dev) why+=("the Python headers (no Python.h for $py)")
+    fi
+    if [ "${#missing[@]}" = 0 ]; then
+        echo "setup_cloud: preflight: python3-venv, a C compiler and the Python headers are there"
+        return
+    fi
+    local what="missing ${why[0]}" w
+    for w in "${why[@]:1}"; do what+=", $w"; done
+    if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+        as_root=(sudo)
+    elif [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+        echo "setup_cloud: $what: install ${missing[*]} as root (sudo apt-get install -y ${missing[*]}), then run this again" >&2
+        [ "$DRY_RUN" = 1 ] && return
+        exit 1
+    fi
+    echo "setup_cloud: preflight: $what: installing ${missing[*]}"
+    step "${as_root[@]}" apt-get update -qq
+    step "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+}
+preflight
+
+if [ "$DRY_RUN" = 1 ]; then
+    echo "would run: bash scripts/setup.sh, whose plan is:"
+    bash scripts/setup.sh --dry-run
+else
+    step bash scripts/setup.sh
+fi
+if [ "$GPUS" -gt 0 ]; then  # torch sees the GPUs, compiles, and NCCL talks across them: before any download
+    step "$PY" scripts/preflight.py --driver "$NV_DRIVER" --driver-cuda "$NV_CUDA" --cuda12-index "$TORCH_CUDA12_INDEX"
 fi
 
 # Logins: the token is read from the environment inside Python, so it never shows in `ps` or a log.

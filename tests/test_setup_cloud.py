@@ -1,14 +1,95 @@
-"""setup_cloud.sh and the other shell scripts: shellcheck-clean; a dry run on this (GPU-less) machine."""
+"""setup_cloud.sh, scripts/setup.sh and the other shell scripts: shellcheck-clean; dry runs on this (GPU-less) machine,
+also with a stand-in nvidia-smi for the torch build each driver gets, and without a C compiler for the preflight."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
 from conftest import ROOT
 
 SCRIPTS = [ROOT / "setup_cloud.sh", *sorted((ROOT / "scripts").glob("*.sh")), ROOT / ".ci" / "run"]
+CU126 = "https://download.pytorch.org/whl/cu126"
+CUDA12 = f"from {CU126} (the default build needs CUDA 13, driver >= 580)"
+NO_DRIVER = "no NVIDIA driver (nvidia-smi missing or no GPU)"
+PLANS = {  # (driver, its CUDA version): the plan line, as scripts/torch_plan.sh prints it
+    ("535.129.03", "12.2"): f"NVIDIA driver 535.129.03 (CUDA 12.2): torch==2.13.0 {CUDA12}",
+    ("570.133.20", "12.8"): f"NVIDIA driver 570.133.20 (CUDA 12.8): torch==2.13.0 {CUDA12}",
+    ("580.65.06", "13.0"): "NVIDIA driver 580.65.06 (CUDA 13.0): torch==2.13.0 from the default index "
+    "(its CUDA 13 build runs on driver >= 580)",
+    None: f"{NO_DRIVER}: torch==2.13.0 from the default index (no GPU to fit)",
+}
+# this environment's torch, as scripts/setup.sh describes it
+BUILD = f"torch {torch.__version__} ({'a CPU build' if torch.version.cuda is None else f'CUDA {torch.version.cuda}'})"
+TORCH_IN_VENV = os.path.realpath(torch.__file__).startswith(os.path.realpath(sys.prefix) + os.sep)
+COMPILERS = re.compile(r"(cc|c89|c99|c\+\+|gcc|g\+\+|clang|clang\+\+|x86_64-linux-gnu-(gcc|g\+\+|c\+\+))([-.].*)?$")
+
+
+def fake_nvidia_smi(folder: Path, driver: str, cuda: str, cap: str | None = "9.0", gpus: int = 2) -> Path:
+    """A stand-in nvidia-smi that answers what the scripts ask: -L, --query-gpu=FIELDS --format=csv,noheader
+    (driver_version, compute_cap, index, name, memory.total), and the plain table's header line. cap None: a
+    driver older than 510, which knows no compute_cap."""
+    name = "NVIDIA H100 80GB HBM3"
+    values = {"driver_version": driver, "compute_cap": cap, "name": name, "memory.total": "81559 MiB"}
+    cases = ""
+    for fields in ("driver_version" if cap is None else "driver_version,compute_cap", "index,name,memory.total"):
+        rows = [", ".join(str(i) if f == "index" else values[f] for f in fields.split(",")) for i in range(gpus)]
+        cases += f"    '--query-gpu={fields} --format=csv,noheader') printf '%s\\n' {' '.join(map(repr, rows))} ;;\n"
+    gpu_list = " ".join(repr(f"GPU {i}: {name} (UUID: GPU-{i})") for i in range(gpus))
+    folder.mkdir(exist_ok=True)
+    script = folder / "nvidia-smi"
+    script.write_text(
+        "#!/bin/bash\n"
+        'case "$*" in\n'
+        f"    -L) printf '%s\\n' {gpu_list} ;;\n"
+        f"{cases}"
+        f"    '') echo '| NVIDIA-SMI {driver}   Driver Version: {driver}   CUDA Version: {cuda}     |' ;;\n"
+        '    *) echo "stand-in nvidia-smi: $*?" >&2; exit 2 ;;\n'
+        "esac\n"
+    )
+    script.chmod(0o755)
+    return folder
+
+
+def gpu_path(tmp_path, gpu) -> str:
+    """PATH without nvidia-smi (gpu None), or with the stand-in for gpu = (driver, CUDA[, compute capability])."""
+    return "/usr/bin:/bin" if gpu is None else f"{fake_nvidia_smi(tmp_path / 'gpu', *gpu)}:/usr/bin:/bin"
+
+
+def bare_path(tmp_path) -> str:
+    """A folder of this machine's commands less every C and C++ compiler."""
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for folder in ("/usr/bin", "/bin"):
+        for tool in Path(folder).iterdir():
+            if not (bare / tool.name).exists() and not COMPILERS.match(tool.name):
+                (bare / tool.name).symlink_to(tool)
+    return str(bare)
+
+
+def setup_cloud(*args, path, **env):
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_") and k != "CC"}
+    return subprocess.run(
+        ["bash", str(ROOT / "setup_cloud.sh"), *args],
+        capture_output=True,
+        text=True,
+        env={**environment, "PATH": path, **env},
+        cwd=ROOT,
+    )
+
+
+def torch_plan(tmp_path, gpu, **env):
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_")}
+    return subprocess.run(
+        ["bash", str(ROOT / "scripts" / "torch_plan.sh")],
+        capture_output=True,
+        text=True,
+        env={**environment, "PATH": gpu_path(tmp_path, gpu), **env},
+    )
 
 
 def test_shell_scripts_pass_shellcheck():
@@ -18,41 +99,209 @@ def test_shell_scripts_pass_shellcheck():
 
 
 def test_dry_run_without_a_gpu_prints_the_cpu_path_and_no_token():
-    env = {
-        **os.environ,
-        "HF_TOKEN": "hf_FAKEsetupToken42",
-        "WANDB_API_KEY": "FAKEwandbKey42",
-        "PATH": "/usr/bin:/bin",
-    }  # no nvidia-smi
-    out = subprocess.run(
-        ["bash", str(ROOT / "setup_cloud.sh"), "--dry-run", "--data", "fineweb-edu"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
+    out = setup_cloud(
+        "--dry-run",
+        "--data",
+        "fineweb-edu",
+        path="/usr/bin:/bin",  # no nvidia-smi
+        HF_TOKEN="hf_FAKEsetupToken42",
+        WANDB_API_KEY="FAKEwandbKey42",
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert (
-        lines[0] == "setup_cloud: no NVIDIA GPU here (nvidia-smi missing or no driver): setting up the CPU environment"
-    )
-    assert lines[1] == "would run: bash scripts/setup.sh"
-    assert lines[2].startswith("would run: .venv/bin/python -c import os; from huggingface_hub import login")
-    assert lines[3].startswith("would run: .venv/bin/python -c import os, wandb; wandb.login(")
-    assert lines[4] == (
+    assert lines[:5] == [
+        "setup_cloud: no NVIDIA GPU here (nvidia-smi missing or no driver): setting up the CPU environment",
+        "setup_cloud: preflight: python3-venv, a C compiler and the Python headers are there",
+        "would run: bash scripts/setup.sh, whose plan is:",
+        f"setup: {PLANS[None]}",
+        f"setup: keeping {BUILD}, already importable",  # as before: the torch there is used as it is
+    ]
+    assert lines[5].startswith("would run: .venv/bin/python -c import os; from huggingface_hub import login")
+    assert lines[6].startswith("would run: .venv/bin/python -c import os, wandb; wandb.login(")
+    assert lines[7] == (
         "would run: .venv/bin/python scripts/prepare_data.py fineweb-edu --max-tokens 3.5B --out data/fineweb-edu"
     )
-    assert lines[5].startswith("train:  .venv/bin/python train.py configs/tiny.yaml")
+    assert lines[8].startswith("train:  .venv/bin/python train.py configs/tiny.yaml")
+    assert len(lines) == 9
     assert "FAKE" not in out.stdout + out.stderr  # the tokens are read inside Python, never printed
 
 
-def test_a_wrong_argument_is_one_line():
-    out = subprocess.run(
-        ["bash", str(ROOT / "setup_cloud.sh"), "--data", "nonsense", "--dry-run"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PATH": "/usr/bin:/bin"},
-        cwd=ROOT,
+@pytest.mark.parametrize("gpu", [g for g in PLANS if g], ids=lambda g: g[0])
+def test_the_dry_run_shows_the_torch_build_for_the_driver_and_the_gpu_preflight(tmp_path, gpu):
+    out = setup_cloud("--dry-run", path=gpu_path(tmp_path, gpu))
+    assert out.returncode == 0, out.stderr
+    driver, cuda = gpu
+    if torch.cuda.is_available():  # a real GPU that this torch sees: it is kept
+        torch_steps = [f"setup: keeping {BUILD}, which sees the GPU"]
+    else:  # blind to the (stand-in) GPU: the plan's build replaces it in .venv
+        install = " ".join(["torch==2.13.0", *(["--index-url", CU126] if int(driver[:3]) < 580 else [])])
+        torch_steps = [
+            f"setup: {BUILD} cannot see the GPU with NVIDIA driver {driver}: that build goes into .venv, in its place",
+            *(["would run: .venv/bin/python -m pip uninstall --quiet -y torch"] if TORCH_IN_VENV else []),
+            f"would run: .venv/bin/python -m pip install --quiet {'' if TORCH_IN_VENV else '--ignore-installed '}"
+            + install,
+        ]
+    assert out.stdout.splitlines() == [
+        f"setup_cloud: NVIDIA driver {driver} (CUDA {cuda}), 2 GPU(s):",
+        "0, NVIDIA H100 80GB HBM3, 81559 MiB",
+        "1, NVIDIA H100 80GB HBM3, 81559 MiB",
+        "setup_cloud: preflight: python3-venv, a C compiler and the Python headers are there",
+        "would run: bash scripts/setup.sh, whose plan is:",
+        f"setup: {PLANS[gpu]}",
+        *torch_steps,
+        # torch sees the GPUs, compiles, and NCCL talks across them: before any download
+        f"would run: .venv/bin/python scripts/preflight.py --driver {driver} --driver-cuda {cuda} "
+        f"--cuda12-index {CU126}",
+        "setup_cloud: HF_TOKEN not set: no Hub login (needed only to publish: scripts/push_to_hub.py, hub.repo_id)",
+        "setup_cloud: WANDB_API_KEY not set: no wandb login (log.wandb: true then logs offline)",
+        "setup_cloud: no --data: prepare a set before training (scripts/prepare_data.py, or --data)",
+        "check:  bash scripts/gpu_check.sh gpu-check/   (CUDA tests and the benchmark, about 8 minutes)",
+        "train:  .venv/bin/torchrun --nproc_per_node=2 train.py configs/gpt2-small-pytorch-rmsnorm.yaml",
+    ]
+
+
+@pytest.mark.parametrize(
+    "gpu, env, plan",
+    [
+        (None, {}, PLANS[None]),
+        (
+            ("535.129.03", "12.2"),
+            {"TORCH_INDEX_URL": "https://example.org/whl/cu130"},
+            "NVIDIA driver 535.129.03 (CUDA 12.2): torch==2.13.0 from https://example.org/whl/cu130 (TORCH_INDEX_URL)",
+        ),
+        (
+            ("535.129.03", "12.2"),
+            {"TORCH_SPEC": "torch==2.12.1"},
+            f"NVIDIA driver 535.129.03 (CUDA 12.2): torch==2.12.1 {CUDA12}",
+        ),
+        (
+            ("580.65.06", "13.0"),
+            {"TORCH_INDEX_URL": ""},  # set but empty: the default index, whatever the driver
+            "NVIDIA driver 580.65.06 (CUDA 13.0): torch==2.13.0 from the default index (TORCH_INDEX_URL)",
+        ),
+        (
+            None,
+            {"TORCH_SPEC": "torch==2.13.0+cpu", "TORCH_INDEX_URL": "https://download.pytorch.org/whl/cpu"},
+            f"{NO_DRIVER}: torch==2.13.0+cpu from https://download.pytorch.org/whl/cpu (TORCH_INDEX_URL)",
+        ),
+        (
+            ("580.65.06", "13.0", "7.0"),  # a V100: the CUDA 13 builds have no kernels for it
+            {},
+            f"NVIDIA driver 580.65.06 (CUDA 13.0): torch==2.13.0 from {CU126} "
+            "(compute capability 7.0: the CUDA 13 builds have no kernels below 7.5)",
+        ),
+        (
+            ("590.44.01", "13.1", "10.0"),  # a B200 on a driver for CUDA 13
+            {},
+            "NVIDIA driver 590.44.01 (CUDA 13.1): torch==2.13.0 from the default index "
+            "(its CUDA 13 build runs on driver >= 580)",
+        ),
+    ],
+)
+def test_the_plan_follows_the_overrides_and_the_gpu(tmp_path, gpu, env, plan):
+    out = torch_plan(tmp_path, gpu, **env)
+    assert (out.returncode, out.stdout, out.stderr) == (0, plan + "\n", "")
+
+
+@pytest.mark.parametrize(
+    "gpu, error",
+    [
+        (
+            ("470.223.02", "11.4", None),
+            "NVIDIA driver 470.223.02 (CUDA 11.4) is too old for torch==2.13.0: its oldest CUDA build (12.6) needs "
+            "driver >= 525.60.13; upgrade the driver, or set TORCH_SPEC and TORCH_INDEX_URL to a build for CUDA 11.4",
+        ),
+        (
+            ("570.133.20", "12.8", "10.0"),
+            "NVIDIA driver 570.133.20 (CUDA 12.8) with a Blackwell GPU (compute capability 10.0): torch==2.13.0's CUDA "
+            "12 build has no kernels for it and its CUDA 13 build needs driver >= 580; upgrade the driver to >= 580",
+        ),
+    ],
+)
+def test_a_driver_no_build_runs_on_is_one_line_before_anything_is_done(tmp_path, gpu, error):
+    assert torch_plan(tmp_path, gpu).stderr == error + "\n"
+    out = setup_cloud("--dry-run", path=gpu_path(tmp_path, gpu))
+    assert out.returncode == 1 and out.stderr == f"setup_cloud: {error}\n"
+    assert "preflight" not in out.stdout and "would run" not in out.stdout
+
+
+def test_the_preflight_installs_what_a_bare_vm_lacks(tmp_path):
+    out = setup_cloud("--dry-run", path=bare_path(tmp_path))  # python3 and its headers are there, gcc is not
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[1:5] == [
+        "setup_cloud: preflight: missing a C compiler (no gcc or clang): installing build-essential",
+        "would run: apt-get update -qq",  # as root, as here; else with passwordless sudo, else one line: see below
+        "would run: env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq build-essential",
+        "would run: bash scripts/setup.sh, whose plan is:",
+    ]
+
+
+def test_the_preflight_without_root_names_the_packages_in_one_line(tmp_path):
+    bare = Path(bare_path(tmp_path))
+    for name in ("id", "sudo"):  # a user who is not root and has no sudo
+        (bare / name).unlink(missing_ok=True)
+    (bare / "id").write_text("#!/bin/sh\necho 1000\n")
+    (bare / "id").chmod(0o755)
+    out = setup_cloud("--dry-run", path=str(bare))
+    assert out.returncode == 0 and "apt-get" not in out.stdout  # a dry run goes on; a real one stops there
+    assert out.stderr == (
+        "setup_cloud: missing a C compiler (no gcc or clang): install build-essential as root "
+        "(sudo apt-get install -y build-essential), then run this again\n"
     )
+
+
+def test_the_gpu_preflight_says_in_one_line_what_a_cpu_build_lacks():
+    command = [
+        sys.executable,
+        str(ROOT / "scripts" / "preflight.py"),
+        "--driver",
+        "535.129.03",
+        "--driver-cuda",
+        "12.2",
+    ]
+    out = subprocess.run(command, capture_output=True, text=True)
+    if torch.cuda.is_available():
+        pytest.skip("this torch sees a GPU")
+    assert (out.returncode, out.stdout) == (1, "")
+    assert out.stderr == (
+        f"preflight: torch {torch.__version__} is a CPU build (torch.version.cuda None), on NVIDIA driver 535.129.03 "
+        "(CUDA 12.2): remove .venv and run bash setup_cloud.sh again without TORCH_SPEC/TORCH_INDEX_URL "
+        "(it installs the build for this driver)\n"
+    )
+
+
+@pytest.mark.slow
+def test_the_gpu_preflight_compiles_and_all_reduces_on_the_cpu(tmp_path):
+    """The GPU checks' code on the CPU, gloo in place of NCCL; then without a C++ compiler, its one line."""
+    command = [sys.executable, str(ROOT / "scripts" / "preflight.py"), "--device", "cpu", "--nproc", "2"]
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert [line.split(" (")[0] for line in out.stdout.splitlines()] == [
+        "preflight: torch.compile ran on cpu",
+        "preflight: gloo all-reduce across 2 processes: ok",
+    ]
+    env = {**env, "PATH": bare_path(tmp_path), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor-2")}
+    out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert (out.returncode, out.stdout) == (1, "")
+    assert out.stderr.startswith("preflight: torch.compile failed on cpu (") and out.stderr.count("\n") == 1
+    assert out.stderr.endswith(
+        "): it needs a C compiler and the Python headers (sudo apt-get install -y build-essential python3-dev)\n"
+    )
+
+
+def test_a_wrong_argument_is_one_line():
+    out = setup_cloud("--data", "nonsense", "--dry-run", path="/usr/bin:/bin")
     assert out.returncode == 2 and out.stdout == ""  # before anything is done
     assert out.stderr == "setup_cloud: --data nonsense: use fineweb-edu, fineweb, or a Hub repo USER/NAME\n"
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "setup.sh"), "--nonsense"], capture_output=True, text=True)
+    assert (out.returncode, out.stderr) == (2, "setup: unknown argument --nonsense (allowed: --dry-run)\n")
+
+
+@pytest.mark.parametrize("script", ["setup_cloud.sh", "scripts/setup.sh"])
+def test_help_prints_the_whole_header_comment(script):
+    lines = (ROOT / script).read_text().splitlines()
+    header = lines[1 : next(i for i, line in enumerate(lines[1:], 1) if not line.startswith("#"))]
+    out = subprocess.run(["bash", str(ROOT / script), "--help"], capture_output=True, text=True)
+    assert (out.returncode, out.stdout) == (0, "\n".join(header) + "\n")

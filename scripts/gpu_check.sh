@@ -1,26 +1,54 @@
 #!/usr/bin/env bash
 # The GPU check: on a machine with a CUDA GPU (no network needed), the CUDA tests and the benchmark,
-# budgeted to end inside one short loan of the machine (one 10-minute call), keeping every row it
-# measured whenever it stops.
+# budgeted so that a full check and a --quick rerun fit one 15-minute loan of the machine (its start
+# included; one call at most 600 s), keeping every row it measured whenever it stops.
 #
-#   bash scripts/gpu_check.sh OUTDIR [--budget-s 540] [--stages norms,eager,tests,compiled,micro_batch] [--quick]
+#   bash scripts/gpu_check.sh OUTDIR [--budget-s 400] [--stages norms,eager,tests,compiled,micro_batch] [--quick]
+#                            [--cache-dir DIR]
 #   PYTHON=/path/to/python bash scripts/gpu_check.sh OUTDIR     # choose the interpreter
+#   bash scripts/gpu_check.sh --help
 #
-# It uses the interpreter's own torch (no scripts/setup.sh; the package is imported from this
-# checkout) and only data it makes itself. Stages, cheapest first, each under a time limit sized
-# from what is left: the norm layers alone, GPT-2 small eager (every norm type), tests/test_cuda.py,
-# GPT-2 small compiled (the two LayerNorms first), the micro-batch search. --quick: the correctness
-# tests and the two LayerNorms, under 4 minutes. OUTDIR gets summary.txt (rewritten after every
-# stage), rows.jsonl (one line per benchmark row, as it is measured) and three logs: see
-# `python -m gpt.commands.gpu_check --help`.
-# Exit status: 0 when nothing failed, 1 otherwise (and when no GPU is visible).
+# The interpreter: $PYTHON, else the checkout's .venv/bin/python (what setup_cloud.sh makes), else
+# python3; its own torch is used (no scripts/setup.sh; the package is imported from this checkout),
+# and only data the check makes itself. Stages, cheapest first, each under a time limit sized from
+# what is left (the plan is printed first): the norm layers alone, GPT-2 small eager (every norm
+# type), tests/test_cuda.py, GPT-2 small compiled (the two LayerNorms first), the micro-batch
+# search; all compile into one cache (--cache-dir, default ~/.cache/gpt-harness/compile) that a
+# rerun reuses. --quick: the correctness tests and the two LayerNorms, in 3 minutes. OUTDIR gets
+# summary.txt (rewritten as each row lands and after every stage), rows.jsonl (one line per
+# benchmark row, as it is measured) and three logs: see `python -m gpt.commands.gpu_check --help`.
+# Exit status: 0 when nothing failed, 1 otherwise (and when no GPU is visible), 2 for a usage
+# mistake; stopped by SIGTERM or SIGINT, 143 or 130, within 10 s, the running stage's processes ended.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-OUT=${1:?usage: bash scripts/gpu_check.sh OUTDIR [--budget-s S] [--stages LIST] [--quick]}
-shift
-PY=${PYTHON:-python3}
+SELF="scripts/${0##*/}"
+USAGE="usage: bash $SELF OUTDIR [--budget-s S] [--stages LIST] [--quick] [--cache-dir DIR] (--help: more)"
+if [[ -n "${PYTHON:-}" ]]; then
+    PY=$PYTHON
+elif [[ -x .venv/bin/python ]]; then
+    PY="$PWD/.venv/bin/python"
+else
+    PY=python3
+fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export WANDB_MODE=disabled HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+
+for arg in "$@"; do
+    if [[ $arg == -h || $arg == --help ]]; then
+        # this header; then the command's own help where the interpreter can import it (it needs torch)
+        awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$SELF"
+        if help=$("$PY" -m gpt.commands.gpu_check --help 2>/dev/null); then
+            printf '\nThe command it runs (the script gives --tests and --config):\n\n%s\n' "$help"
+        fi
+        exit 0
+    fi
+done
+OUT=${1:-}
+if [[ -z $OUT || $OUT == -* ]]; then
+    echo "$USAGE" >&2
+    exit 2
+fi
+shift
 
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
     version=$("$PY" -c "import torch; print('torch ' + torch.__version__)" 2>/dev/null || echo "no torch")

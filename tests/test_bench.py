@@ -207,6 +207,32 @@ def test_norms_only_rows():
     assert rows[0]["time_vs_handrolled_layernorm"] == 1.0
 
 
+def test_a_norm_row_times_windows_of_many_passes_and_divides_by_their_number(monkeypatch):
+    # a stand-in norm whose pass takes exactly 1 ms of a fake clock: the calibration doubles to 8 passes (>= a
+    # quarter of the 20 ms window), so each window holds 20 passes, and the time given is one pass's
+    from types import SimpleNamespace
+
+    from gpt.analysis import timing as benchmark
+
+    clock, passes = [0.0], []
+
+    class OneMillisecond(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.ones(()))
+
+        def forward(self, x):
+            clock[0] += 1e-3
+            passes.append(1)
+            return x * self.scale
+
+    monkeypatch.setattr(benchmark, "make_norm", lambda cfg: OneMillisecond())
+    monkeypatch.setattr(benchmark, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    seconds = benchmark.time_norm("dyt", (2, 4, 8), torch.device("cpu"), "fp32", False, 3, 2)
+    assert seconds == pytest.approx([1e-3] * 3)
+    assert len(passes) == 2 + (1 + 2 + 4 + 8) + 3 * 20  # warm-up, calibration, three windows of 20
+
+
 def test_rows_are_kept_as_they_come_and_a_failing_row_does_not_end_the_run(tmp_path, monkeypatch):
     from gpt.analysis import timing as benchmark
     from gpt.commands.bench import append_to, table

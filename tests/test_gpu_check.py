@@ -1,16 +1,24 @@
-"""The GPU check on the CPU: its budget, what it keeps when cut, what it imports, and the CUDA tests' harness."""
+"""The GPU check on the CPU: its budget, what it keeps when cut or stopped, its summary as rows land, the tests
+stage's report, the script's interpreter and help, what it imports, and the CUDA tests' harness."""
 
+import dataclasses
 import json
+import os
+import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 from conftest import CONFIGS, ROOT
 from synthetic import no_sync_between_log_steps
 
-from gpt.analysis.stages import Stage, run_stages
+from gpt.analysis.stages import Stage, budget_lines, run_stages
+from gpt.analysis.test_progress import results_of_tests
 from gpt.commands.gpu_check import FILES, check, plan, select
+from gpt.common.files import process_alive
 from gpt.config import load_config
 from gpt.model.gpt import GPT
 from gpt.training.loop import Trainer, train
@@ -160,6 +168,198 @@ def test_plan_and_selection(tmp_path):
     assert [s.name for s in select(full, "tests, compiled")] == ["tests", "compiled"]
     with pytest.raises(Exception, match=r"--stages tests,bogus: no stage bogus; stages: norms, eager, tests"):
         select(full, "tests,bogus")
+
+
+def stage_lines(summary: str) -> dict[str, list[str]]:
+    """The summary's stage table: each stage's line, split into words (the budget's plan above it left out)."""
+    table = summary.split("\nstage ", 1)[1].split("\n\n", 1)[0]
+    return {line.split()[0]: line.split() for line in table.splitlines()[1:] if line[:1].strip()}
+
+
+HANG = """
+import json, os, signal, subprocess, sys, time
+if {ignore_term}:  # a stage that ignores SIGTERM: only the SIGKILL after the grace ends it
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+for i in range(2):
+    row = {{"mode": "step", "norm_type": "n%d" % i, "compile": False, "ms_per_step": 10.0, "tokens_per_s": 1.0}}
+    with open(sys.argv[1], "a") as f:
+        f.write(json.dumps(row) + "\\n")
+    time.sleep(0.3)
+child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                          "time.sleep(1000)"])
+open(sys.argv[2], "w").write(f"{{os.getpid()}} {{child.pid}}")
+time.sleep(1000)
+"""
+CHECK = """
+import json, sys
+from pathlib import Path
+from gpt.analysis.stages import Stage
+from gpt.commands.gpu_check import check
+stages = [Stage(**s) for s in json.loads(sys.argv[2])]
+sys.exit(check(Path(sys.argv[1]), stages, budget_s=120.0, env=["stand-in machine"], reserve_s=1.0))
+"""
+
+
+def wait_for(condition, seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "gave up waiting"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize(("signum", "ignore_term"), [(signal.SIGTERM, True), (signal.SIGINT, False)])
+def test_a_stop_signal_ends_the_running_stage_with_its_children_and_leaves_the_summary(tmp_path, signum, ignore_term):
+    # the check in a child process (signal handlers are the main thread's), its second stage hanging with a
+    # grandchild that ignores SIGTERM: the summary follows the rows as they land, and the signal ends them all
+    out, pids = tmp_path / "out", tmp_path / "pids"
+    rows = str(out / "rows.jsonl")
+    hang = [sys.executable, "-c", HANG.format(ignore_term=ignore_term), rows, str(pids)]
+    stages = [
+        dict(
+            name="norms",
+            what="stand-in norms",
+            command=[*stand_in(1, 0.01, kind="norm"), rows],
+            log="bench.log",
+            min_s=0.1,
+            cut_ok=True,
+        ),
+        dict(name="eager", what="hangs", command=hang, log="bench.log", min_s=0.1, max_s=100.0, cut_ok=True),
+        dict(name="tests", what="never reached", command=[sys.executable, "-c", "pass"], log="tests.log", min_s=0.1),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHECK, str(out), json.dumps(stages)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        summary = out / "summary.txt"
+        wait_for(lambda: pids.is_file() and "step  n1" in summary.read_text())
+        during = summary.read_text()  # rewritten as the rows landed, the stage still running
+        assert "gpu_check: running" in during and "norm  n0" in during and "step  n1" in during
+        assert stage_lines(during)["eager"][1] == "running" and stage_lines(during)["tests"][1] == "waiting"
+        proc.send_signal(signum)
+        sent = time.monotonic()
+        stdout, _ = proc.communicate(timeout=10)
+        assert time.monotonic() - sent < 10
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signum
+    assert not any(process_alive(int(pid)) for pid in pids.read_text().split())  # the stage and its grandchild
+    after = summary.read_text()
+    assert f"gpu_check: stopped by {signal.Signals(signum).name} after " in after
+    lines = stage_lines(after)
+    assert (lines["norms"][1], lines["eager"][1], lines["tests"][1:3]) == ("passed", "stopped", ["not", "run"])
+    assert "norm  n0" in after and "step  n1" in after and "rows.jsonl (3 rows" in after  # what it measured
+    assert stdout.startswith("budget 120 s: ") and stdout.endswith(after)  # the plan first, the summary last
+
+
+def write_fake_python(path, code: int = 1):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/sh\nexit {code}\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_the_script_runs_the_checkouts_venv_python_unless_python_is_set(tmp_path):
+    # a copy of the script in a checkout of its own: with a .venv, without one, and with $PYTHON
+    (tmp_path / "scripts").mkdir()
+    script = shutil.copy(ROOT / "scripts" / "gpu_check.sh", tmp_path / "scripts")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    venv = write_fake_python(tmp_path / ".venv" / "bin" / "python")  # no torch: no GPU either
+    chosen = write_fake_python(tmp_path / "mine" / "python")
+    for extra, named in [({}, str(venv)), ({"PYTHON": str(chosen)}, str(chosen)), ("no venv", "python3")]:
+        if extra == "no venv":
+            shutil.rmtree(tmp_path / ".venv")
+            extra = {}
+        out = subprocess.run(
+            ["bash", script, str(tmp_path / "out")], capture_output=True, text=True, env={**env, **extra}
+        )
+        assert out.returncode == 1 and f"gpu_check: no CUDA GPU is visible to {named} (" in out.stderr, out.stderr
+
+
+def test_the_scripts_help_needs_no_gpu_and_no_torch(tmp_path):
+    script = str(ROOT / "scripts" / "gpu_check.sh")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    no_torch = {**env, "PYTHON": str(write_fake_python(tmp_path / "python"))}
+    with_torch = {**env, "PYTHON": sys.executable}
+    for args, environment in [(["--help"], no_torch), (["OUT", "--quick", "-h"], no_torch), (["--help"], with_torch)]:
+        out = subprocess.run(["bash", script, *args], capture_output=True, text=True, env=environment, cwd=tmp_path)
+        assert out.returncode == 0 and out.stdout.startswith("The GPU check: "), out.stderr
+        assert "bash scripts/gpu_check.sh OUTDIR [--budget-s 400]" in out.stdout and "no CUDA GPU" not in out.stderr
+    assert "--cache-dir DIR" in out.stdout and "--tests TESTS" in out.stdout  # the command's own, where torch is
+    missing = subprocess.run(["bash", script, "--quick"], capture_output=True, text=True, env=env)
+    assert missing.returncode == 2 and missing.stderr.startswith("usage: bash scripts/gpu_check.sh OUTDIR")
+
+
+STAND_IN_TESTS = """
+import time
+import pytest
+pytestmark = pytest.mark.cuda
+def test_one():
+    pass
+@pytest.mark.skipif(True, reason="stand-in skip")
+def test_two():
+    pass
+def test_three():
+    assert {fails}
+def test_slow():
+    time.sleep(60)
+def test_after():
+    pass
+"""
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_tests_stage_cut_by_time_reports_what_ran_and_fails_only_on_a_failed_test(tmp_path, fails):
+    # the real tests stage (pytest -v with the listing plugin, the findings) on a stand-in test file
+    tests = tmp_path / "test_stand_in.py"
+    tests.write_text(STAND_IN_TESTS.format(fails="False" if fails else "True"))
+    out = tmp_path / "out"
+    stage = next(s for s in plan(out, tests, CONFIGS / "gpt2-small.yaml", quick=False) if s.name == "tests")
+    assert stage.command[-3:] == ["gpt.analysis.test_progress", "-v", "-ra"]
+    stage = dataclasses.replace(stage, min_s=1.0, max_s=8.0, env={**stage.env, "PYTHONPATH": str(ROOT)})
+    code = check(out, [stage], budget_s=60.0, env=[], reserve_s=1.0)
+    summary = (out / "summary.txt").read_text()
+    assert stage_lines(summary)["tests"][1] == ("failed" if fails else "cut") and code == int(fails), summary
+    assert f"    {1 + (not fails)} passed, {int(fails)} failed, 1 skipped of 5\n" in summary
+    assert ("    failed: test_three\n" in summary) == fails
+    assert "    running when cut: test_slow\n    not run: test_after\n" in summary
+    assert "test_stand_in.py::test_one PASSED" in (out / "tests.log").read_text()
+
+
+def test_the_test_report_reads_pytest_and_the_test_files_own_runner():
+    pytest_log = (
+        "== will run: t.py::test_a\n== will run: t.py::test_b\n== will run: t.py::test_c\n"
+        "t.py::test_a PASSED  [ 33%]\nt.py::test_a ERROR  [ 33%]\nt.py::test_b SKIPPED (why)\n"
+        "t.py::test_c PASSED\nERROR t.py::test_a - teardown\nSKIPPED [1] t.py:3: why\n"
+    )
+    assert results_of_tests(pytest_log) == (True, ["1 passed, 1 failed, 1 skipped of 3", "failed: test_a"])
+    script_log = "PASSED test_mixed_precision\nSKIPPED test_nccl: needs 2 GPUs\nPASSED test_exact_resume\n"
+    assert results_of_tests(script_log) == (False, ["2 passed, 0 failed, 1 skipped"])
+    assert results_of_tests("ImportError: no torch\n") == (False, [])
+
+
+def test_every_stage_compiles_into_the_one_cache(tmp_path):
+    cache = tmp_path / "cache"
+    stages = plan(tmp_path, ROOT / "tests" / "test_cuda.py", CONFIGS / "gpt2-small.yaml", quick=False, cache_dir=cache)
+    wanted = {
+        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+        "TRITON_CACHE_DIR": str(cache / "triton"),
+        "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
+        "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
+    }
+    assert all(s.env.items() >= wanted.items() for s in stages)
+    show = [sys.executable, "-c", f"import os; print([os.environ.get(k) for k in {sorted(wanted)}])"]
+    run_stages([dataclasses.replace(stages[0], command=show)], tmp_path, 30.0, reserve_s=0.5)  # ... and reaches it
+    assert str([wanted[k] for k in sorted(wanted)]) in (tmp_path / "bench.log").read_text()
+
+
+def test_the_budget_plan_gives_the_tests_their_minimum_even_after_every_cap():
+    # the defaults, as the docstring states them: a full check leaves the tests >= 180 s, --quick >= 70 s
+    for quick, budget, least in [(False, 400, 180), (True, 180, 70)]:
+        stages = plan(ROOT, ROOT / "tests" / "test_cuda.py", CONFIGS / "gpt2-small.yaml", quick=quick)
+        lines = budget_lines(stages, budget, spent_s=8.0)  # the environment's probe
+        limits = {line.split()[0]: line.split()[3] for line in lines[2:]}
+        assert int(limits["tests"]) >= least and "skipped" not in limits.values(), lines
 
 
 BLOCKER = """

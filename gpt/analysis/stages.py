@@ -6,11 +6,19 @@ the order given, each as a subprocess in its own process group. A stage gets wha
 of the budget after the least time every later stage needs (their ``min_s``), up to its own
 ``max_s``; where that leaves it less than its own ``min_s``, it takes what is left (the
 earlier, cheaper stage goes first) and the later ones are skipped, each listed with the
-time it was left. A stage
-that runs past its limit is stopped (SIGTERM to its whole group, then SIGKILL); one that
-keeps its results as they come (``cut_ok``: a benchmark writing one row at a time, a search
-logging each probe) is then "cut", not failed. After every stage ``on_stage`` is called with the outcomes so far, so
-a summary can be rewritten each time.
+time it was left. ``budget_lines`` prints that plan before anything runs. A stage that runs
+past its limit is stopped (SIGTERM to its whole group, then SIGKILL after ``GRACE_S``); one
+that keeps its results as they come (``cut_ok``: a benchmark writing one row at a time, a
+search logging each probe, tests reporting each as it ends) is then "cut", not failed.
+A stage may read its own log (``findings``: the tests stage's is
+``gpt.analysis.test_progress.results_of_tests``), and a failure found there fails the stage
+even when it was cut.
+
+``on_stage`` is called with the outcomes so far after every stage, and every ``POLL_S``
+while one runs (the running one last, status "running", with its seconds so far), so a
+summary can follow each row as it lands. Inside ``stopping_on()`` a SIGTERM or SIGINT
+stops the stage under way with its whole group (status "stopped") and the later stages
+do not run.
 """
 
 from __future__ import annotations
@@ -21,12 +29,43 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 PASSED, FAILED, TIMED_OUT, CUT, SKIPPED = "passed", "failed", "timed out", "cut", "skipped"
+RUNNING, STOPPED = "running", "stopped"
 GRACE_S = 5.0  # how long a stopped stage may take to end before it is killed
+RESERVE_S = GRACE_S + 5.0  # of the budget: stopping a stage that runs over, and the caller's last words
+POLL_S = 1.0  # while a stage runs: how often on_stage hears of it (and a stop signal is acted on)
+
+
+class Stopped(Exception):
+    """The whole run was asked to stop (SIGTERM, SIGINT): raised in the main thread by ``stopping_on``."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stopping_on(signals=(signal.SIGTERM, signal.SIGINT)) -> Iterator[list[int]]:
+    """Inside the block, the first of ``signals`` raises ``Stopped`` (``run_stages`` then stops the stage under
+    way with its group); later ones are only recorded, so that the stopping is not itself cut short. Yields the
+    list of signals received. The main thread only (Python's signal handlers run there)."""
+    received: list[int] = []
+
+    def handler(signum, frame):
+        received.append(signum)
+        if len(received) == 1:
+            raise Stopped(signum)
+
+    previous = {s: signal.signal(s, handler) for s in signals}
+    try:
+        yield received
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 @dataclass(frozen=True)
@@ -40,6 +79,9 @@ class Stage:
     min_s: float  # the least time worth starting it with
     max_s: float | None = None  # its own cap; None: whatever is left
     cut_ok: bool = False  # a measurement that keeps its results as they come: out of time cuts it, not fails it
+    env: dict[str, str] = field(default_factory=dict)  # added to the environment it runs in
+    # reads what it wrote to its log: whether something in it failed, and lines for the summary
+    findings: Callable[[str], tuple[bool, list[str]]] | None = None
 
 
 @dataclass
@@ -47,15 +89,44 @@ class Outcome:
     """What became of one stage."""
 
     stage: Stage
-    status: str  # passed, failed, timed out, cut or skipped
+    status: str  # passed, failed, timed out, cut, skipped, stopped; "running" while it runs
     seconds: float = 0.0  # how long it ran
     limit_s: float = 0.0  # the time it was given (skipped: the time it was left)
     returncode: int | None = None
     tail: list[str] = field(default_factory=list)  # the last lines it wrote
+    notes: list[str] = field(default_factory=list)  # what its findings say
 
     @property
     def failed(self) -> bool:
         return self.status in (FAILED, TIMED_OUT)
+
+
+def stage_limit(stages: list[Stage], i: int, left: float) -> float:
+    """Stage ``i``'s time limit with ``left`` seconds left: what the later stages' minimums leave, up to its
+    cap; if that is under its own minimum, whatever is left up to its cap (below its minimum: skipped)."""
+    stage = stages[i]
+    cap = stage.max_s if stage.max_s is not None else left
+    limit = min(cap, left - sum(s.min_s for s in stages[i + 1 :]))  # room left for every later stage
+    return limit if limit >= stage.min_s else min(cap, left)  # not enough for all: this one first
+
+
+def budget_lines(stages: list[Stage], budget_s: float, reserve_s: float = RESERVE_S, spent_s: float = 0.0) -> list[str]:
+    """The plan, before anything runs: each stage's minimum and cap, and the limit it gets should every stage
+    before it run to its own limit (the least it can get; stages that end early leave the later ones more).
+    ``spent_s``: what the caller spent of ``budget_s`` before the first stage."""
+    left = budget_s - spent_s - reserve_s
+    lines = [
+        f"budget {budget_s:.0f} s: {spent_s:.0f} s spent before the first stage, {reserve_s:.0f} s kept to stop "
+        "one and write the summary; limit: a stage's time should every stage before it use all of its own",
+        f"  {'stage':<12}{'min s':>7}{'cap s':>7}{'limit s':>9}",
+    ]
+    for i, stage in enumerate(stages):
+        limit = stage_limit(stages, i, left)
+        runs = limit >= stage.min_s
+        left -= limit if runs else 0.0
+        cap = "-" if stage.max_s is None else f"{stage.max_s:.0f}"
+        lines.append(f"  {stage.name:<12}{stage.min_s:>7.0f}{cap:>7}{f'{limit:.0f}' if runs else 'skipped':>9}")
+    return lines
 
 
 def run_stages(
@@ -63,57 +134,96 @@ def run_stages(
     out: Path,
     budget_s: float,
     *,
-    reserve_s: float = GRACE_S + 5.0,
+    reserve_s: float = RESERVE_S,
     on_stage: Callable[[list[Outcome]], None] = lambda outcomes: None,
     clock: Callable[[], float] = time.monotonic,
+    poll_s: float = POLL_S,
 ) -> list[Outcome]:
     """Run ``stages`` in order inside ``budget_s`` seconds (``reserve_s`` of it kept for stopping a stage
     that runs over and for the caller's last words), appending each one's output to ``out / stage.log``;
-    returns every stage's outcome."""
+    returns the outcome of every stage (of those up to the one a ``Stopped`` ended, when one came)."""
     start, outcomes = clock(), []
-    for i, stage in enumerate(stages):
-        left = budget_s - reserve_s - (clock() - start)
-        cap = stage.max_s if stage.max_s is not None else left
-        limit = min(cap, left - sum(s.min_s for s in stages[i + 1 :]))  # room left for every later stage
-        if limit < stage.min_s:  # not enough for all: this one first, with what is left
-            limit = min(cap, left)
-        if limit < stage.min_s:
-            outcomes.append(Outcome(stage, SKIPPED, limit_s=max(left, 0.0)))
-        else:
-            outcomes.append(_run(stage, out / stage.log, limit, clock))
-        on_stage(outcomes)
+    try:
+        for i, stage in enumerate(stages):
+            left = budget_s - reserve_s - (clock() - start)
+            limit = stage_limit(stages, i, left)
+            if limit < stage.min_s:
+                outcomes.append(Outcome(stage, SKIPPED, limit_s=max(left, 0.0)))
+            else:
+
+                def running(seconds: float, stage=stage, limit=limit) -> None:
+                    on_stage([*outcomes, Outcome(stage, RUNNING, seconds, limit)])
+
+                outcomes.append(_run(stage, out / stage.log, limit, clock, running, poll_s))
+            on_stage(outcomes)
+            if outcomes[-1].status == STOPPED:
+                break
+    except Stopped:  # between two stages, or while reporting one: nothing of theirs is running
+        pass
     return outcomes
 
 
-def _run(stage: Stage, log_path: Path, limit: float, clock) -> Outcome:
+def _run(stage: Stage, log_path: Path, limit: float, clock, running, poll_s: float) -> Outcome:
     began = clock()
     with open(log_path, "a") as log:
         log.write(f"== {stage.name}: {shlex.join(stage.command)} (at most {limit:.0f} s)\n")
         log.flush()
         start_offset = log.tell()
-        proc = subprocess.Popen(stage.command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            stage.command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **stage.env},
+        )
         try:
-            code = proc.wait(timeout=limit)
+            code = _wait(proc, began + limit, clock, lambda: running(clock() - began), poll_s)
             status = PASSED if code == 0 else FAILED
         except subprocess.TimeoutExpired:
             _stop_group(proc)
             code, status = None, CUT if stage.cut_ok else TIMED_OUT
-    return Outcome(stage, status, clock() - began, limit, code, _tail(log_path, start_offset))
+        except Stopped:
+            _stop_group(proc)
+            code, status = None, STOPPED
+        except BaseException:  # anything else ending the caller ends the stage too: nothing outlives it
+            _stop_group(proc)
+            raise
+    with open(log_path, errors="replace") as f:
+        f.seek(start_offset)
+        text = f.read()
+    failed, notes = stage.findings(text) if stage.findings else (False, [])
+    if failed and status in (PASSED, CUT):  # a test that failed fails the stage, cut or not
+        status = FAILED
+    tail = [line.rstrip("\n") for line in text.splitlines()[-5:]]
+    return Outcome(stage, status, clock() - began, limit, code, tail, notes)
+
+
+def _wait(proc: subprocess.Popen, deadline: float, clock, running: Callable[[], None], poll_s: float) -> int:
+    """``proc``'s exit status; ``running()`` every ``poll_s`` meanwhile; TimeoutExpired once past ``deadline``."""
+    while True:
+        try:
+            return proc.wait(timeout=max(0.0, min(poll_s, deadline - clock())))
+        except subprocess.TimeoutExpired:
+            if clock() >= deadline:
+                raise
+        running()
 
 
 def _stop_group(proc: subprocess.Popen, grace_s: float = GRACE_S) -> None:
     """SIGTERM to the stage's whole process group (torchrun, compile workers), then, after at most
-    ``grace_s``, SIGKILL to whatever of it is left."""
+    ``grace_s``, SIGKILL to whatever of it is left. A stop signal meanwhile hastens the SIGKILL, and is
+    raised once the group is gone."""
+    stopped = None
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:  # the whole group is gone
             break
-        with contextlib.suppress(subprocess.TimeoutExpired):
+        try:
             proc.wait(timeout=wait)
-
-
-def _tail(path: Path, offset: int, lines: int = 5) -> list[str]:
-    with open(path, errors="replace") as f:
-        f.seek(offset)
-        return [line.rstrip("\n") for line in f.read().splitlines()[-lines:]]
+        except subprocess.TimeoutExpired:
+            pass
+        except Stopped as e:
+            stopped = e
+    if stopped is not None:
+        raise stopped

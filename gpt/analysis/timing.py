@@ -10,7 +10,8 @@ difference to ``config`` is what reading costs).
 
 A norm row times one norm layer's forward and backward on a (B, T, D) activation in
 fp32 under the configured autocast: what the norm sees in a training step, where the
-residual stream stays fp32.
+residual stream stays fp32. Each of its steps is a window of back-to-back passes (~20 ms)
+timed whole and divided by their number: one pass alone would time its launch.
 
 A generate row times greedy generation (``GPT.generate``) by CONFIG's model with fresh
 weights, once without the key-value cache and once with it: tokens/s, the speed-up, and
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import shutil
 import tempfile
 import time
@@ -206,20 +208,48 @@ def time_norm(
     steps: int,
     warmup: int,
 ) -> list[float]:
-    """Seconds of each of ``steps`` forward + backward passes of one norm layer (after ``warmup``)."""
+    """Seconds of one forward + backward pass of one norm layer, in each of ``steps`` timed windows (after
+    ``warmup`` passes, the first compiling). A window is as many back-to-back passes as fill ``WINDOW_S``,
+    timed whole (CUDA events, or the CPU's clock) and divided by their number: one pass takes 0.1-0.5 ms on a
+    GPU, so two events around it would time the launch, not the kernels."""
     norm = make_norm({"norm_type": norm_type, "d_model": shape[-1]}).to(device)
     fn = torch.compile(norm) if compile_ else norm
     x = torch.randn(shape, device=device, requires_grad=True)
     grad = torch.randn(shape, device=device)
     autocast = autocast_for(precision, device)
+
+    def passes(n: int) -> None:
+        for _ in range(n):
+            with autocast():
+                y = fn(x)
+            y.backward(grad)
+            x.grad = None
+
+    passes(warmup)
+    calls = passes_per_window(passes, device)
     timer = StepTimer(device)
-    for _ in range(warmup + steps):
-        with autocast():
-            y = fn(x)
-        y.backward(grad)
-        x.grad = None
+    for _ in range(steps):
+        passes(calls)
         timer.mark()
-    return timer.seconds()[warmup:]
+    return [seconds / calls for seconds in timer.seconds()]
+
+
+WINDOW_S = 0.02  # a norm row's timed window: long enough that its two clock reads are noise beside it
+MOST_PASSES = 100_000
+
+
+def passes_per_window(passes, device: torch.device, window_s: float = WINDOW_S) -> int:
+    """How many ``passes(n)`` fill ``window_s``: n doubled from 1 until n passes take a quarter of it, then
+    scaled to the whole (one pass already as long: 1)."""
+    n = 1
+    while True:
+        timer = StepTimer(device)
+        passes(n)
+        timer.mark()
+        seconds = timer.seconds()[0]
+        if seconds >= window_s / 4 or n >= MOST_PASSES:
+            return max(1, min(MOST_PASSES, math.ceil(n * window_s / max(seconds, 1e-9))))
+        n *= 2
 
 
 def norm_stats(*args) -> dict:

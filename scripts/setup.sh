@@ -58,7 +58,8 @@ state = 'old' if old else 'sees' if torch.cuda.is_available() else 'blind'
 inside = os.path.realpath(torch.__file__).startswith(os.path.realpath(sys.prefix) + os.sep)
 print(torch.__version__, torch.version.cuda, state, int(inside))" 2>/dev/null || echo "- - none 0")
 build="torch $version ($([ "$cuda" = None ] && echo "a CPU build" || echo "CUDA $cuda"))"
-marker=.venv/.torch-from want="${TORCH_PIP_ARGS[*]}" replace=0
+# the marker names the driver too: a build installed before there was one (or for another) is not this plan's
+marker=.venv/.torch-from want="${TORCH_PIP_ARGS[*]} for driver ${NV_DRIVER:-none}" replace=0
 if [ "$state" = none ]; then
     echo "setup: no torch importable: that build goes into .venv"
 elif [ "$state" = old ]; then

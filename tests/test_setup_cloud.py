@@ -155,8 +155,32 @@ def test_the_dry_run_shows_the_torch_build_for_the_driver_and_the_gpu_preflight(
         "setup_cloud: HF_TOKEN not set: no Hub login (needed only to publish: scripts/push_to_hub.py, hub.repo_id)",
         "setup_cloud: WANDB_API_KEY not set: no wandb login (log.wandb: true then logs offline)",
         "setup_cloud: no --data: prepare a set before training (scripts/prepare_data.py, or --data)",
-        "check:  bash scripts/gpu_check.sh gpu-check/   (CUDA tests and the benchmark, about 8 minutes)",
+        "check:  bash scripts/gpu_check.sh gpu-check/   (CUDA tests and the benchmark, about 7 minutes)",
         "train:  .venv/bin/torchrun --nproc_per_node=2 train.py configs/gpt2-small-pytorch-rmsnorm.yaml",
+    ]
+
+
+def test_a_build_this_plan_installed_is_not_installed_again_but_one_from_before_the_driver_is(tmp_path):
+    # .venv/.torch-from names the plan's build and the driver it was for: a rerun on the same driver keeps the
+    # build (the check after it says why it is blind); a torch a driverless setup installed (CI's) is replaced
+    marker = ROOT / ".venv" / ".torch-from"
+    before = marker.read_bytes() if marker.exists() else None
+    path = gpu_path(tmp_path, ("535.129.03", "12.2"))
+    try:
+        outcomes = []
+        for written in (f"torch==2.13.0 --index-url {CU126} for driver 535.129.03", "torch==2.13.0 for driver none"):
+            marker.write_text(written + "\n")
+            out = setup_cloud("--dry-run", path=path)
+            outcomes.append([line for line in out.stdout.splitlines() if line.startswith("setup: ")][1])
+    finally:
+        marker.unlink() if before is None else marker.write_bytes(before)
+    if torch.cuda.is_available():  # a torch that sees a GPU is kept, whatever the marker says
+        assert outcomes == [f"setup: keeping {BUILD}, which sees the GPU"] * 2
+        return
+    blind = f"setup: keeping {BUILD}, installed by this plan before though it cannot see the GPU"
+    assert outcomes == [
+        f"{blind} (the check after says why)",
+        f"setup: {BUILD} cannot see the GPU with NVIDIA driver 535.129.03: that build goes into .venv, in its place",
     ]
 
 

@@ -52,15 +52,16 @@ step() {  # run a step, or with --dry-run print it
 PY=.venv/bin/python
 # shellcheck source=/dev/null  # scripts/torch_plan.sh, checked on its own
 . scripts/torch_plan.sh
-if nvidia_info; then
-    GPUS=$NV_GPUS
+PLANNED=1
+torch_plan || PLANNED=0  # reads the driver once (NV_*); no build for it is said below, before anything is installed
+GPUS=$NV_GPUS
+if [ "$GPUS" -gt 0 ]; then
     echo "setup_cloud: NVIDIA driver $NV_DRIVER (CUDA $NV_CUDA), $GPUS GPU(s):"
     nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 else
-    GPUS=0
     echo "setup_cloud: no NVIDIA GPU here (nvidia-smi missing or no driver): setting up the CPU environment"
 fi
-if ! torch_plan; then  # no build runs on this driver: said before anything is installed
+if [ "$PLANNED" = 0 ]; then
     echo "setup_cloud: $TORCH_PLAN" >&2
     exit 1
 fi

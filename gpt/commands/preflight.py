@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from gpt.common.errors import clipped, first_line
+
 ALL_REDUCE_S = 120  # a hung NCCL is stopped after this
 
 
@@ -28,9 +30,10 @@ def fail(message: str):
     sys.exit(1)
 
 
-def one_line(error: BaseException, last: bool = False) -> str:
+def last_line(error: BaseException) -> str:
+    """A worker's exception as the parent sees it: its traceback in the message, the error on the last line."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return (lines[-1] if last else f"{type(error).__name__}: {lines[0]}")[:300] if lines else type(error).__name__
+    return lines[-1] if lines else type(error).__name__
 
 
 def major(version: str) -> int:
@@ -66,8 +69,8 @@ def check_compile(device: str):
         torch.testing.assert_close(torch.compile(f)(x), f(x))
     except Exception as e:
         fail(
-            f"torch.compile failed on {device} ({one_line(e)}): it needs a C compiler and the Python headers "
-            "(sudo apt-get install -y build-essential python3-dev)"
+            f"torch.compile failed on {device} ({type(e).__name__}: {clipped(first_line(e))}): it needs a C compiler "
+            "and the Python headers (sudo apt-get install -y build-essential python3-dev)"
         )
 
 
@@ -101,7 +104,7 @@ def check_all_reduce(world: int, device: str):
                         process.kill()
                     fail(f"{what} did not finish in {ALL_REDUCE_S} s: {hint}")
         except Exception as e:
-            fail(f"{what} failed ({one_line(e, last=True)}): {hint}")
+            fail(f"{what} failed ({clipped(last_line(e))}): {hint}")
     return what
 
 

@@ -1,7 +1,7 @@
 """gpt-norm-harness: train GPT-2-style models that differ in their norm layer, and compare them.
 
 One folder per concern (a *wing*), lowest first; a module imports only from its own wing and
-the wings above it in this list (``tests/test_architecture.py`` holds the code to it):
+the wings above it in this list (``tests/behaviour/test_architecture.py`` holds the code to it):
 
     common/      errors every wing raises, time-bounded calls
     config/      the typed run configuration and its YAML (no torch)

@@ -12,7 +12,7 @@
 # python3; its own torch is used (no scripts/setup.sh; the package is imported from this checkout),
 # and only data the check makes itself. Stages, cheapest first, each under a time limit sized from
 # what is left (the plan is printed first): the norm layers alone, GPT-2 small eager (every norm
-# type), tests/test_cuda.py, GPT-2 small compiled (the two LayerNorms first), the micro-batch
+# type), tests/speed/test_cuda.py, GPT-2 small compiled (the two LayerNorms first), the micro-batch
 # search; all compile into one cache (--cache-dir, default ~/.cache/gpt-harness/compile) that a
 # rerun reuses. --quick: the correctness tests and the two LayerNorms, in 3 minutes. OUTDIR gets
 # summary.txt (rewritten as each row lands and after every stage), rows.jsonl (one line per
@@ -55,4 +55,4 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
     echo "gpu_check: no CUDA GPU is visible to $PY ($version); run it on a machine with one" >&2
     exit 1
 fi
-exec "$PY" -m gpt.commands.gpu_check "$OUT" --tests tests/test_cuda.py --config configs/gpt2-small.yaml "$@"
+exec "$PY" -m gpt.commands.gpu_check "$OUT" --tests tests/speed/test_cuda.py --config configs/gpt2-small.yaml "$@"

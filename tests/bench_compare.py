@@ -2,7 +2,7 @@
 
     python tests/bench_compare.py [--repeat 3]
 
-The run folders are synthetic (``tests/test_compare.py``'s ``make_run``: 100 metrics records each,
+The run folders are synthetic (``tests/analysis/test_compare.py``'s ``make_run``: 100 metrics records each,
 a test loss, a HellaSwag result over 1,000 items); the time is compare's own: reading them,
 the statistics, the report, the JSON, runs.csv and the four charts; and ``--results`` on its runs.csv.
 """

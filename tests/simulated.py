@@ -4,7 +4,7 @@
 
 Each function draws seeded replicates of a design whose truth is known (a true difference of 0, or
 of the equivalence margin), runs them through ``gpt.analysis.stats`` exactly as ``compare`` does,
-and returns how often the promise held. The tests (``tests/test_intervals.py``) assert the rates;
+and returns how often the promise held. The tests (``tests/analysis/test_intervals.py``) assert the rates;
 this script prints them with more replicates, beside what the harness did before this release: all
 I x J crossed cells as independent pairs, HellaSwag paired over items, no multiplicity adjustment.
 """

@@ -1,4 +1,4 @@
-"""Test data and configs made on the spot, with no pytest needed (tests/test_cuda.py runs without it too)."""
+"""Test data and configs made on the spot, with no pytest needed (tests/speed/test_cuda.py runs without it too)."""
 
 import contextlib
 import hashlib

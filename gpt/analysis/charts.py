@@ -1,6 +1,7 @@
-"""Every chart the harness draws, as PNG files: a run's own (loss, learning rate, gradient norm against
-tokens, redrawn at each checkpoint by the ``RunCharts`` hook) and a comparison's (every run's curves
-coloured by group, and the test loss by group)."""
+"""Every chart the harness draws, as PNG files. The per-step charts are declared once, in
+``gpt.run.directory.CHARTS`` (file, metrics keys, label, scale), and drawn under the same file name for a
+run (its own curves, redrawn at each checkpoint by the ``RunCharts`` hook) and for a comparison (every
+run's curves coloured by group); a comparison adds the test loss by group with its intervals."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from gpt.common.errors import os_reason  # noqa: E402
 from gpt.common.files import replacing  # noqa: E402
-from gpt.run.directory import RunDir  # noqa: E402
+from gpt.run.directory import CHARTS, Chart, RunDir  # noqa: E402
 from gpt.training.hooks import RunHooks  # noqa: E402
+
+TEST_LOSS_CHART = "test_loss.png"  # a comparison's own chart: the held-out loss of each group
 
 
 def save_figure(fig, path: Path) -> Path:
@@ -33,38 +36,42 @@ def save_figure(fig, path: Path) -> Path:
     return path
 
 
-def _series(records: list[dict], key: str) -> tuple[list[float], list[float]]:
-    xs, ys = [], []
-    for r in records:
-        v = r.get(key)
-        if isinstance(v, (int, float)):
-            xs.append(r["tokens"] / 1e6)
-            ys.append(v)
-    return xs, ys
-
-
-def plot_run(records: list[dict], files: dict[str, Path], title: str) -> list[Path]:
-    """Draw a run's charts from its metrics records into ``files`` (``RunDir.charts``: loss, lr, grad_norm)."""
-    charts = [
-        (files["loss"], [("train_loss", "train"), ("val_loss", "validation")], "cross-entropy loss", False),
-        (files["lr"], [("lr", "learning rate")], "learning rate", False),
-        (files["grad_norm"], [("grad_norm", "gradient norm (before clipping)")], "gradient norm", True),
+def _points(records: list[dict], key: str) -> tuple[list[float], list[float]]:
+    """(tokens in millions, value) of every record holding a finite ``key``."""
+    pts = [
+        (r["tokens"] / 1e6, r[key]) for r in records if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])
     ]
+    return [x for x, _ in pts], [y for _, y in pts]
+
+
+def _style(i: int) -> dict:
+    """A chart's first series solid, the others (sparser: validation) dashed with their points marked."""
+    return {"ls": "-", "marker": None} if i == 0 else {"ls": "--", "marker": "o", "ms": 3}
+
+
+def _axes(ax, chart: Chart, title: str, drawn: list[float]) -> None:
+    ax.set_xlabel("tokens (millions)")
+    ax.set_ylabel(chart.label)
+    if chart.log_scale and any(y > 0 for y in drawn):
+        ax.set_yscale("log")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+
+
+def plot_run(records: list[dict], folder: Path, title: str) -> list[Path]:
+    """Draw a run's charts (``gpt.run.directory.CHARTS``) from its metrics records into ``folder``."""
     written = []
-    for path, series, ylabel, log_y in charts:
+    for chart in CHARTS:
         fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-        for key, label in series:
-            xs, ys = _series(records, key)
-            ax.plot(xs, ys, marker="o" if key == "val_loss" else None, markersize=3, label=label)
-        ax.set_xlabel("tokens (millions)")
-        ax.set_ylabel(ylabel)
-        if log_y and any(y > 0 for y in _series(records, series[0][0])[1]):
-            ax.set_yscale("log")
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-        if len(series) > 1:
+        drawn = []
+        for i, (key, label) in enumerate(chart.series):
+            xs, ys = _points(records, key)
+            ax.plot(xs, ys, label=label, **_style(i))
+            drawn += ys
+        _axes(ax, chart, title, drawn)
+        if len(chart.series) > 1:
             ax.legend()
-        written.append(save_figure(fig, path))
+        written.append(save_figure(fig, folder / chart.file))
     return written
 
 
@@ -81,7 +88,7 @@ class RunCharts(RunHooks):
 
     def draw(self) -> str | None:
         try:
-            plot_run(self.run.metrics(), self.run.charts, self.title)
+            plot_run(self.run.metrics(), self.run.path, self.title)
         except OSError as e:
             return f"charts not drawn: {os_reason(e)}"
         return None
@@ -93,85 +100,82 @@ class RunCharts(RunHooks):
         return self.draw()
 
 
-# A comparison's curves, each drawn into <key>.png of the comparison's folder: (metrics key, label, log scale)
-CURVES = (
-    ("train_loss", "training loss", False),
-    ("val_loss", "validation loss", False),
-    ("grad_norm", "gradient norm (before clipping)", True),
-)
-
-
 def comparison_charts(curves: list[tuple[str, list[list[dict]]]], rows: list[dict], out: Path) -> list[Path]:
-    """The curves of every run, coloured by group, and the test-loss bar chart; returns the files.
-    ``curves``: each group's label and its runs' metrics records; ``rows``: the comparison's groups."""
+    """Every run's curves of each chart in ``CHARTS`` (those any run logged), coloured by group, and the test
+    loss by group; returns the files. ``curves``: each group's label and its runs' metrics records;
+    ``rows``: the comparison's groups."""
+    logged = {k for _, runs in curves for metrics in runs for m in metrics for k in m}
+    drawn = [c for c in CHARTS if logged & {key for key, _ in c.series}]  # a results table has no curves
+    written = [_plot_curves(curves, chart, out) for chart in drawn]
+    return [*written, _plot_test_loss(rows, out / TEST_LOSS_CHART)]
+
+
+def _plot_curves(curves: list[tuple[str, list[list[dict]]]], chart: Chart, out: Path) -> Path:
     colours = plt.get_cmap("tab10")
-    drawn = [c for c in CURVES if any(c[0] in m for _, runs in curves for metrics in runs for m in metrics)]
-    written = [_plot_curve(colours, curves, curve, out) for curve in drawn]  # a results table has no curves
-    return [*written, _plot_test_loss(colours, rows, out / "test_loss.png")]
-
-
-def _plot_curve(colours, curves: list[tuple[str, list[list[dict]]]], curve: tuple, out: Path) -> Path:
-    key, ylabel, log_y = curve
-    name = f"{key}.png"
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
-    for i, (label, runs) in enumerate(curves):
+    drawn = []
+    for g, (label, runs) in enumerate(curves):
         for j, metrics in enumerate(runs):
-            pts = [
-                (m["tokens"] / 1e6, m[key])
-                for m in metrics
-                if isinstance(m.get(key), (int, float)) and math.isfinite(m[key])
-            ]
-            if pts:
-                xs, ys = zip(*pts)
-                ax.plot(
-                    xs,
-                    ys,
-                    color=colours(i % 10),
-                    alpha=0.8,
-                    lw=1.2,
-                    marker="o" if key == "val_loss" else None,
-                    ms=3,
-                    label=label if j == 0 else None,
-                )
-    ax.set_xlabel("tokens (millions)")
-    ax.set_ylabel(ylabel)
-    if log_y:
-        ax.set_yscale("log")
-    ax.grid(alpha=0.3)
+            for i, (key, _) in enumerate(chart.series):
+                xs, ys = _points(metrics, key)
+                first = j == 0 and i == 0
+                name = f"{label} (1 seed)" if len(runs) == 1 else label
+                ax.plot(xs, ys, color=colours(g % 10), alpha=0.8, lw=1.2, label=name if first else None, **_style(i))
+                drawn += ys
+    if len(chart.series) > 1:  # which line is which series: grey samples of each style
+        for i, (_, name) in enumerate(chart.series):
+            ax.plot([], [], color="grey", label=name, **_style(i))
+    _axes(ax, chart, f"{chart.label} by group (one line per run)", drawn)
     ax.legend(fontsize=8)
-    ax.set_title(f"{ylabel} by group (one line per run)")
-    return save_figure(fig, out / name)
+    return save_figure(fig, out / chart.file)
 
 
-def _plot_test_loss(colours, rows: list[dict], path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
-    means = [r["test_loss_mean"] for r in rows]
-    errs = [
-        (r["test_loss_ci95"][1] - r["test_loss_mean"]) if not math.isnan(r["test_loss_ci95"][1]) else 0 for r in rows
-    ]
-    ax.bar(
-        range(len(rows)),
-        [0 if math.isnan(m) else m for m in means],
-        yerr=errs,
-        capsize=5,
-        color=[colours(i % 10) for i in range(len(rows))],
+def _plot_test_loss(rows: list[dict], path: Path) -> Path:
+    """Left: each group's mean test loss and its 95% interval; right: its difference to the baseline with the
+    interval the table gives (paired where the seeds pair), which is what decides: two groups' own intervals
+    may overlap while their paired difference excludes 0. Points with error bars on axes that span them
+    (a bar on an axis not starting at zero would exaggerate). One seed: a hollow point, no interval."""
+    fig, (left, right) = plt.subplots(
+        1, 2, figsize=(11, 1.6 + 0.55 * len(rows)), dpi=100, sharey=True, gridspec_kw={"width_ratios": [1, 1]}
     )
-    finite = [m for m in means if not math.isnan(m)]
-    if finite:
-        span = max(finite) - min(finite)
-        ax.set_ylim(min(finite) - max(span, 0.05) * 1.5, max(finite) + max(span, 0.05) * 1.5)
-    bottom = ax.get_ylim()[0]
-    for i, m in enumerate(means):  # no test loss (diverged, not evaluated): say so at the axis
-        ax.text(
-            i,
-            bottom if math.isnan(m) else m,
-            "n/a" if math.isnan(m) else f"{m:.4f}",
-            ha="center",
-            va="bottom",
-            fontsize=8,
-        )
-    ax.set_xticks(range(len(rows)), [r["group"] for r in rows], rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel("test loss (mean over seeds, 95% CI)")
-    ax.set_title("held-out test loss by group")
-    ax.grid(axis="y", alpha=0.3)
+    ys = list(range(len(rows)))[::-1]  # the table's order, top to bottom
+    means = [(r["test_loss_mean"], *r["test_loss_ci95"]) for r in rows]
+    diffs = [(v["diff"], v["low"], v["high"]) if (v := r["vs_baseline"]) else (0.0, 0.0, 0.0) for r in rows]
+    _points_with_intervals(left, ys, means)
+    _points_with_intervals(right, ys, diffs)
+    right.axvline(0, color="grey", lw=1)
+    for y, r in zip(ys, rows):
+        if r["vs_baseline"] is None:
+            right.annotate("baseline", (0, y), xytext=(6, 6), textcoords="offset points", fontsize=8)
+    left.set_yticks(ys, [_test_loss_label(r) for r in rows], fontsize=8)
+    left.set_ylim(-0.6, len(rows) - 0.4)
+    left.set_xlabel("test loss: mean over seeds, 95% interval")
+    right.set_xlabel("difference to the baseline, 95% interval (as the table)")
+    fig.suptitle("held-out test loss by group (hollow: one seed, no interval)")
     return save_figure(fig, path)
+
+
+def _points_with_intervals(ax, ys: list[int], values: list[tuple[float, float, float]]) -> None:
+    """(estimate, low, high) per row as a point with error bars, hollow where there is no interval; the axis
+    spans every point and interval with a margin."""
+    colours = plt.get_cmap("tab10")
+    for i, (y, (mid, low, high)) in enumerate(zip(ys, values)):
+        if math.isnan(mid):
+            continue
+        if math.isnan(low):
+            ax.plot(mid, y, "o", mfc="white", mec=colours(i % 10), mew=1.5, ms=8)
+        else:
+            ax.errorbar(mid, y, xerr=[[mid - low], [high - mid]], fmt="o", color=colours(i % 10), ms=7, capsize=5)
+    finite = [v for row in values for v in row if not math.isnan(v)]
+    if finite:
+        pad = max(max(finite) - min(finite), 1e-3) * 0.15
+        ax.set_xlim(min(finite) - pad, max(finite) + pad)
+    ax.grid(axis="x", alpha=0.3)
+
+
+def _test_loss_label(row: dict) -> str:
+    """A group's tick: its name, its mean and how many seeds it stands on."""
+    mean, n = row["test_loss_mean"], row["n_evaluated"]
+    if math.isnan(mean):
+        return f"{row['group']}\nn/a (not evaluated)"
+    return f"{row['group']}\n{mean:.4f}, {n} seed{'s' if n != 1 else ''}"

@@ -1,7 +1,8 @@
 """The comparison as Markdown: what every run shares, the table, the noise, what was left out.
 
 Reads only the result ``gpt.analysis.table.summarise`` builds (the same data as
-``comparison.json``), so the report and the JSON never disagree.
+``comparison.json``), so the report and the JSON never disagree; each task's heading and note
+come from its registry entry (``gpt.evaluation.tasks``).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import math
 
 from gpt.analysis import stats
+from gpt.evaluation.tasks import TASKS
 
 
 def markdown(result: dict) -> str:
@@ -221,14 +223,16 @@ def _main_table(rows: list[dict]) -> list[str]:
     return lines
 
 
-TASK_TITLES = {"hellaswag": "HellaSwag"}
-METRIC_NOTES = {
-    "hellaswag": (
-        "acc: the ending with the highest summed log-probability; acc_norm: per character of the ending "
-        "(lm-evaluation-harness's); acc_token_mean: the lowest mean per-token loss (llm.c's, build-nanogpt's). "
-        "Random guessing: 0.25; OpenAI's GPT-2 124M: 0.2955 acc_token_mean."
+def _task_heading(task: str) -> tuple[str, str | None]:
+    """A task's title and note, as its registry entry declares them (``gpt.evaluation.tasks``; a task not
+    registered, a results table's column, goes by its name)."""
+    t = TASKS.get(task)
+    if t is None:
+        return task, None
+    note = t.note or "; ".join(
+        f"{m.name}: {m.title} ({'higher' if m.higher_is_better else 'lower'} is better)" for m in t.metrics
     )
-}
+    return t.title or t.name, note or None
 
 
 def _accuracy(m: dict) -> str:
@@ -251,17 +255,18 @@ def _checkpoint_text(v: dict) -> str:
 
 
 def _task_lines(result: dict) -> list[str]:
-    """Per task (HellaSwag): each group's metrics over seeds, their differences to the baseline over seeds, and,
+    """Per task (``gpt.evaluation.tasks``: HellaSwag, ...): each group's metrics over seeds, their differences
+    to the baseline over seeds, and,
     where two groups have one run each, what the items say about those two checkpoints."""
     lines = []
     for task in sorted({t for g in result["groups"] for t in g.get("tasks", {})}):
         rows = [(g["group"], g["tasks"][task]) for g in result["groups"] if task in g.get("tasks", {})]
         metrics = list(rows[0][1]["metrics"])
         items = rows[0][1].get("n_items")
-        title = TASK_TITLES.get(task, task) + (f" ({items:,} items)" if items else "")
-        lines += ["", f"## {title}", ""]
-        if task in METRIC_NOTES:
-            lines += [METRIC_NOTES[task], ""]
+        title, note = _task_heading(task)
+        lines += ["", f"## {title}" + (f" ({items:,} items)" if items else ""), ""]
+        if note:
+            lines += [note, ""]
         lines += [f"| group | seeds | {' | '.join(metrics)} |", "|---|---|" + "---|" * len(metrics)]
         lines += [
             f"| {name} | {t['n_seeds']} | " + " | ".join(_accuracy(t["metrics"][m]) for m in metrics) + " |"

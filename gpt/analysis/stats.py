@@ -324,7 +324,7 @@ def upper_variance(terms: list, confidence: float = PLAN_CONFIDENCE) -> float:
     return point + math.sqrt(spread)
 
 
-def plan(est: dict, detect: float | None, level: float = LEVEL, target: float = POWER) -> dict:
+def seeds_needed(est: dict, detect: float | None, level: float = LEVEL, target: float = POWER) -> dict:
     """A prospective plan from an estimate (``mean_of`` / ``difference``): the standard deviation of one
     difference from independent seeds at its ``PLAN_CONFIDENCE`` upper bound (``sd_upper``), the smallest
     difference the current seeds resolve with ``target`` power with the estimate's se at that bound

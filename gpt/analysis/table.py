@@ -20,9 +20,10 @@ design the shared seeds form decides the model behind every interval (``gpt.anal
 independent seeds, crossed seeds, one seed held fixed), and the report says which each row used.
 Each comparison has a p-value and, with more than one group against the baseline, a Holm-adjusted
 one for the family; a prospective plan (``--detect``, the equivalence margin by default) and, with
-a margin, a TOST verdict follow the same model. HellaSwag (every task a run's checkpoint was
-evaluated on) is compared over seeds the same way; its item-level tests are statements about two
-named checkpoints only. A group whose initialisation and data-order seeds are crossed gets its
+a margin, a TOST verdict follow the same model. Every evaluation task that declares metrics
+(``gpt.evaluation.tasks``: HellaSwag, ...) and that a run's checkpoint was evaluated on is compared
+over seeds the same way; item-level tests (a task that keeps every item's answers) are statements
+about two named checkpoints only. A group whose initialisation and data-order seeds are crossed gets its
 variance components.
 
 The evaluations are part of the experiment: their fingerprints (precision path, batch size,
@@ -50,7 +51,7 @@ from gpt.analysis.report import markdown
 from gpt.common.errors import UserError
 from gpt.common.files import write_atomically, write_json
 from gpt.config import NORM_TYPES, flatten
-from gpt.evaluation import hellaswag
+from gpt.evaluation.tasks import TASKS, compared_tasks
 from gpt.run.directory import COMPARISON_FILE, COMPLETED, DIVERGED, RunDir, read_eval_result
 from gpt.run.fingerprint import EVALUATION_INFORMATIONAL, computation, informational, shown
 
@@ -165,7 +166,7 @@ def load_run(
     start = config.get("data.test_offset", 0) if offset is None else offset
     span = None if tokens is None else (start, start + tokens)
     evaluation = read_eval_result(ckpt, split, precision, span) if ckpt is not None else None
-    tasks = {hellaswag.RESULT: read_eval_result(ckpt, hellaswag.RESULT, precision)} if ckpt is not None else {}
+    tasks = {t.name: t.result(ckpt, precision) for t in compared_tasks()} if ckpt is not None else {}
     tasks = {k: v for k, v in tasks.items() if v}
     view = {**computation(config, summary.get("segments")), **evaluation_view(evaluation, tasks)}
     return Run(path, config, run.status(), summary, run.metrics(), evaluation, view, tasks)
@@ -360,7 +361,7 @@ def versus(cells: dict, base: dict, margin: float | None, detect: float | None) 
         **v,
         "unpaired": [seed_label(k) for k in v["unpaired"]],
         "equivalence": stats.equivalence(v, margin) if margin is not None and usable else None,
-        "plan": stats.plan(v, detect) if v["method"] in ("paired", "crossed") else None,
+        "plan": stats.seeds_needed(v, detect) if v["method"] in ("paired", "crossed") else None,
     }
 
 
@@ -495,9 +496,12 @@ def _row(g: Group, baseline: Group, margin: float | None, detect: float | None) 
     }
 
 
-def task_metrics(result: dict) -> list[str]:
-    """The metrics a task's result holds (it names them under ``metrics``, as HellaSwag's does)."""
-    return [m for m in result.get("metrics") or {} if isinstance(result.get(m), (int, float))]
+def task_metrics(task: str, result: dict) -> list[str]:
+    """The metrics of ``task`` that its result holds: those its registry entry declares
+    (``gpt.evaluation.tasks``), or, for a task not registered (a results table's column), those the result
+    names under ``metrics``."""
+    declared = [m.name for m in TASKS[task].metrics] if task in TASKS else list(result.get("metrics") or {})
+    return [m for m in declared if isinstance(result.get(m), (int, float))]
 
 
 def metric_cells(runs: list[Run], task: str, metric: str) -> dict[tuple[int, int], float]:
@@ -514,7 +518,7 @@ def task_rows(g: Group, baseline: Group) -> dict:
         runs, base = g.task_runs(task), baseline.task_runs(task)
         if not runs:
             continue
-        metrics = task_metrics(runs[0].tasks[task])
+        metrics = task_metrics(task, runs[0].tasks[task])
         row = {
             "n_seeds": len(runs),
             "n_items": runs[0].tasks[task].get("n_items"),
@@ -625,7 +629,7 @@ def results_rows(groups: list[Group]) -> list[dict]:
             "data_seed": r.data_seed,
             "status": r.status,
             "test_loss": r.evaluation["loss"] if r.evaluation is not None else None,
-            "tasks": {t: {m: r.tasks[t][m] for m in task_metrics(r.tasks[t])} for t in sorted(r.tasks)},
+            "tasks": {t: {m: r.tasks[t][m] for m in task_metrics(t, r.tasks[t])} for t in sorted(r.tasks)},
         }
         for g in groups
         for r in g.runs

@@ -28,13 +28,10 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
 from gpt.commands.cli import add_overrides, command, config_from_args, is_rank0, parser_for
 from gpt.common.errors import UserError
-from gpt.common.files import write_atomically
 from gpt.config import NORM_TYPES
-from gpt.run.distributed import PEAK_MEMORY, peak_memory_of
+from gpt.speed.rows import append_to, table
 
 COMPILE_CHOICES = {"on": [True], "off": [False], "both": [False, True]}
 
@@ -61,20 +58,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--jsonl", type=Path, metavar="FILE", help="append each row to FILE as one JSON line the moment it is measured"
     )
     parser.add_argument("--norms-only", action="store_true", help="time each norm layer alone, forward + backward")
-    parser.add_argument(
-        "--shape",
-        type=int,
-        nargs=3,
-        default=[12, 1024, 768],
-        metavar=("B", "T", "D"),
-        help="--norms-only: the activation's shape (default the write-up's 12 1024 768)",
-    )
-    parser.add_argument(
-        "--precision",
-        choices=("auto", "fp32", "bf16", "fp16"),
-        default="auto",
-        help="--norms-only: the autocast (default auto: bf16 on a GPU, fp32 on the CPU)",
-    )
+    shape = "--norms-only: the activation's shape (default the write-up's 12 1024 768)"
+    parser.add_argument("--shape", type=int, nargs=3, default=[12, 1024, 768], metavar=("B", "T", "D"), help=shape)
+    autocast = "--norms-only: the autocast (default auto: bf16 on a GPU, fp32 on the CPU)"
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto", help=autocast)
     parser.add_argument("--generate", action="store_true", help="time greedy generation, without and with the cache")
     parser.add_argument("--prompt-tokens", type=int, default=32, help="--generate: the prompt's length (default 32)")
     parser.add_argument("--new-tokens", type=int, default=256, help="--generate: tokens generated (default 256)")
@@ -100,130 +87,30 @@ def main(argv: list[str] | None = None) -> int:
             f"{cfg.model.context_length}: past it the cache gives way to a sliding window; "
             f"--set model.context_length={args.prompt_tokens + args.new_tokens} (or more)"
         )
-    from gpt.analysis import timing as benchmark  # the heavy imports, after the arguments are known good
     from gpt.run.distributed import setup
+    from gpt.speed import timing as benchmark  # the heavy imports, after the arguments are known good
 
     dist = setup(cfg.run.device if cfg else "auto")
     emit = append_to(args.jsonl) if args.jsonl is not None and dist.is_main else None
     try:
         compiles = COMPILE_CHOICES[args.compile or ("both" if dist.device.type == "cuda" else "off")]
+        timed = dict(steps=args.steps, warmup=args.warmup, emit=emit)
         if args.generate:
-            rows = benchmark.generation_rows(
-                cfg,
-                args.norm_types,
-                prompt_tokens=args.prompt_tokens,
-                new_tokens=args.new_tokens,
-                device=dist.device,
-                repeats=args.repeats,
-                emit=emit,
-            )
+            sizes = dict(prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, repeats=args.repeats)
+            rows = benchmark.generation_rows(cfg, args.norm_types, device=dist.device, emit=emit, **sizes)
         elif args.norms_only:
             precision = benchmark.norms_precision(args.precision, dist.device)
-            rows = benchmark.norm_rows(
-                args.norm_types,
-                compiles,
-                shape=tuple(args.shape),
-                device=dist.device,
-                precision=precision,
-                steps=args.steps,
-                warmup=args.warmup,
-                emit=emit,
-            )
+            layer = dict(shape=tuple(args.shape), device=dist.device, precision=precision)
+            rows = benchmark.norm_rows(args.norm_types, compiles, **layer, **timed)
         else:
             rows = benchmark.step_rows(
-                cfg,
-                dist,
-                args.norm_types,
-                compiles,
-                steps=args.steps,
-                warmup=args.warmup,
-                data=args.data,
-                peak=args.peak_tflops,
-                emit=emit,
+                cfg, dist, args.norm_types, compiles, data=args.data, peak=args.peak_tflops, **timed
             )
     finally:
         dist.close()
     if is_rank0():
         print("\n".join(json.dumps(r) for r in rows) if args.json else table(rows))
     return 0
-
-
-def append_to(path: Path):
-    """A row sink that adds each row to ``path`` as one JSON line, the file rewritten whole
-    (``gpt.common.files``): a full disk leaves the rows before as they were, with no torn line."""
-
-    def emit(row: dict) -> None:
-        before = path.read_text() if path.is_file() else ""
-        write_atomically(path, before + ("" if before.endswith("\n") or not before else "\n") + json.dumps(row) + "\n")
-
-    return emit
-
-
-def _num(value, fmt: str, missing: str = "-") -> str:
-    return missing if value is None else format(value, fmt)
-
-
-def table(rows: list[dict]) -> str:
-    """The rows as a readable table, with a header naming what they share (from the first row measured)."""
-    measured = [r for r in rows if "error" not in r]
-    if not measured:
-        return "\n".join(_error_line(r) for r in rows)
-    r0 = measured[0]
-    ratio = "vs handrolled_layernorm"
-    if r0["mode"] == "generate":
-        lines = [
-            f"greedy generation of {r0['new_tokens']} tokens after a {r0['prompt_tokens']}-token prompt, batch 1, "
-            f"{r0['device']}, median of {r0['repeats']}; torch {torch.__version__}",
-            f"{'norm_type':<28}{'cache':>6}{'tokens/s':>12}{'s':>9}{'speed-up':>10}{'same tokens':>13}",
-        ]
-        lines += [
-            _error_line(r)
-            if "error" in r
-            else f"{r['norm_type']:<28}{'on' if r['cache'] else 'off':>6}{r['tokens_per_s']:>12,.1f}"
-            f"{r['seconds']:>9.2f}{_num(r.get('speedup'), '.1f'):>10}{_num(r.get('same_tokens'), ''):>13}"
-            for r in rows
-        ]
-        return "\n".join(lines)
-    if r0["mode"] == "norm":
-        lines = [
-            f"norm layer alone, forward + backward of {tuple(r0['shape'])} fp32 under {r0['precision']} "
-            f"autocast, {r0['device']}, median of {r0['steps']}; torch {torch.__version__}",
-            f"{'norm_type':<28}{'compile':>8}{'ms':>10}{'p10-p90 ms':>18}{ratio:>25}",
-        ]
-        lines += [
-            _error_line(r)
-            if "error" in r
-            else f"{r['norm_type']:<28}{'on' if r['compile'] else 'off':>8}{r['ms_per_step']:>10.3f}"
-            f"{r['ms_p10']:>8.3f} - {r['ms_p90']:<7.3f}{_num(r['time_vs_handrolled_layernorm'], '.3f'):>25}"
-            for r in rows
-        ]
-        return "\n".join(lines)
-    peak = f"{r0['peak_tflops']:g} TFLOP/s bf16 peak" if r0["peak_tflops"] else "no known peak: no MFU"
-    memory_key, _ = peak_memory_of(r0)  # every measured row has one
-    short, meaning = PEAK_MEMORY[memory_key]
-    lines = [
-        f"{r0['config']}: {r0['device']} x {r0['world_size']} ({peak}), {r0['precision']}, "
-        f"{r0['tokens_per_step']:,} tokens/step (micro-batch {r0['micro_batch']}), {r0['data']} data, "
-        f"median of {r0['steps']} steps after {r0['warmup']}; {r0['flops_per_token'] / 1e9:.4g} GFLOP/token; "
-        f"{short} GiB: {meaning}; h/run: hours a whole run of {r0['run_tokens']:,} tokens takes at this speed; "
-        f"torch {torch.__version__}",
-        f"{'norm_type':<28}{'compile':>8}{'tokens/s':>12}{'ms/step':>10}{'p10-p90 ms':>20}{'MFU':>7}"
-        f"{short + ' GiB':>15}{'compile s':>11}{'h/run':>9}{ratio:>25}",
-    ]
-    lines += [
-        _error_line(r)
-        if "error" in r
-        else f"{r['norm_type']:<28}{'on' if r['compile'] else 'off':>8}{r['tokens_per_s']:>12,.0f}"
-        f"{r['ms_per_step']:>10.1f}{r['ms_p10']:>9.1f} - {r['ms_p90']:<8.1f}{_num(r['mfu'], '.1%'):>7}"
-        f"{r[memory_key] / 2**30:>15.2f}{_num(r['compile_s'], '.1f'):>11}{r['run_hours']:>9.2f}"
-        f"{_num(r['time_vs_handrolled_layernorm'], '.3f'):>25}"
-        for r in rows
-    ]
-    return "\n".join(lines)
-
-
-def _error_line(r: dict) -> str:
-    return f"{r['norm_type']:<28}{'on' if r['compile'] else 'off':>8}  failed: {r['error']}"
 
 
 if __name__ == "__main__":

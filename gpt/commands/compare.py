@@ -6,14 +6,11 @@
     python scripts/compare.py --results table.csv --detect 0.01       # numbers from anywhere (gpt.analysis.results)
     python -m gpt.commands.compare ...   /   gpt-compare ...
 
-Reads only run directories (config, metrics, summary with the fingerprints, and the
-evaluation result that evaluate.py wrote beside the chosen checkpoint). Runs must differ in
-the norm type and the seeds only: any other difference in their configs or fingerprints
-(precision as used, data contents, hardware, code, ...) is refused, naming each key, unless
---vary or --allow-differ names it; so is any difference in how they were evaluated (the
-evaluation's fingerprint: precision path, batch size, device, torch, code). Writes
-comparison.md, comparison.json, runs.csv (the numbers, as --results reads them),
-train_loss.png, val_loss.png, grad_norm.png and test_loss.png into --out, and prints the report.
+Reads only run directories (config, metrics, summary with the fingerprints, and the evaluation
+evaluate.py wrote beside the chosen checkpoint). Runs must differ in the norm type and the seeds
+only: any other difference in their configs, fingerprints or evaluations is refused, naming each
+key, unless --vary or --allow-differ names it. Writes comparison.md, comparison.json, runs.csv (as
+--results reads it) and the charts into --out, and prints the report.
 """
 
 from __future__ import annotations
@@ -109,21 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     from gpt.analysis.report import markdown
     from gpt.analysis.table import compare
 
-    result = compare(
-        args.runs,
-        args.out,
-        args.baseline,
-        which=args.which,
-        split=args.split,
-        precision=args.precision,
-        equivalence_margin=args.equivalence_margin,
-        detect=args.detect,
-        vary=args.vary,
-        allow_differ=args.allow_differ,
-        tokens=args.tokens,
-        offset=args.offset,
-        results=args.results,
-    )
+    keys = ("which", "split", "precision", "equivalence_margin", "detect", "vary", "allow_differ", "tokens", "offset")
+    result = compare(args.runs, args.out, args.baseline, results=args.results, **{k: getattr(args, k) for k in keys})
     print(markdown(result), end="")
     print(
         f"\nwrote {args.out / 'comparison.md'}, comparison.json, runs.csv and plots: "

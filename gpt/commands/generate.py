@@ -20,20 +20,23 @@ from gpt.commands.cli import command, parser_for
 
 
 def load_model(source: str, which: str, revision: str | None):
-    """Our GPT from a run / checkpoint on disk, or from a Hub repo (either published layout)."""
+    """Our GPT from a run / checkpoint on disk, or from a Hub repo (either published layout), and the name of
+    its tokenizer: a checkpoint's is the one its token set was made with; a published model's is gpt2."""
     from gpt.common.errors import UserError, first_line
+    from gpt.data.tokenizer import OFFLINE
     from gpt.model.gpt import GPT
     from gpt.publish.layouts import load_published
-    from gpt.run.checkpoints import checkpoint_config, load_weights
+    from gpt.run.checkpoints import checkpoint_config, checkpoint_tokenizer, load_weights
     from gpt.run.directory import resolve_which
 
     if Path(source).exists():
         if (Path(source) / "config.json").is_file():  # an export folder (a downloaded repo)
-            return load_published(Path(source))
+            return load_published(Path(source)), "gpt2"
         ckpt = resolve_which(source, which)
         model = GPT(checkpoint_config(ckpt).model)
         load_weights(model, ckpt)
-        return model.eval()
+        tokenizer = checkpoint_tokenizer(ckpt)
+        return model.eval(), tokenizer if tokenizer in OFFLINE else "gpt2"
     from huggingface_hub import snapshot_download
 
     try:
@@ -42,7 +45,7 @@ def load_model(source: str, which: str, revision: str | None):
         raise UserError(
             f"{source}: not a local run or checkpoint, and not a Hub repo that can be fetched: {first_line(e)}"
         ) from None
-    return load_published(Path(folder))
+    return load_published(Path(folder)), "gpt2"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,15 +70,16 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from gpt.common.errors import UserError
-    from gpt.data.tokenizer import EOT_TOKEN, get_tokenizer
+    from gpt.data.tokenizer import get_tokenizer
     from gpt.run.distributed import pick_device
 
     if args.max_new_tokens < 1 or args.temperature < 0 or args.top_k < 0 or args.num_samples < 1:
         raise UserError("--max-new-tokens and --num-samples must be >= 1, --temperature and --top-k >= 0")
     device = pick_device(args.device)
-    model = load_model(args.source, args.which, args.revision).to(device)
-    enc = get_tokenizer()
-    ids = enc.encode(args.prompt, allowed_special="all") or [EOT_TOKEN]
+    model, tokenizer = load_model(args.source, args.which, args.revision)
+    model = model.to(device)
+    enc = get_tokenizer(tokenizer)
+    ids = enc.encode(args.prompt, allowed_special="all") or [enc.eot_token]
     if max(ids) >= model.cfg.vocab_size:
         raise UserError(f"the prompt has token {max(ids)}, beyond this model's vocabulary of {model.cfg.vocab_size}")
     idx = torch.tensor([ids] * args.num_samples, device=device)

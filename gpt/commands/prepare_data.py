@@ -57,7 +57,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="document",
         help="what one document is in a .txt file (default: the whole file)",
     )
-    parser.add_argument("--tokenizer", default="gpt2", help="gpt2 (offline) or another tiktoken encoding")
+    parser.add_argument(
+        "--tokenizer",
+        default="gpt2",
+        help="gpt2 (default, offline), bytes (256 byte ids + <|endoftext|>, offline) or another tiktoken encoding",
+    )
     parser.add_argument("--threads", type=int, help="tokeniser threads (default: all cores)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -18,7 +18,6 @@ dataset, one collection; a rerun uploads only what changed).
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from pathlib import Path
 
@@ -38,13 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NORM_TYPE",
         help=f"default: all ({', '.join(NORM_TYPES)})",
     )
-    parser.add_argument(
-        "--seeds",
-        nargs="+",
-        type=int,
-        default=[0],
-        help="seeds of the initial weights and the data order together (default 0)",
-    )
+    seeds = "seeds of the initial weights and the data order together (default 0)"
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0], help=seeds)
     parser.add_argument(
         "--init-seeds",
         nargs="+",
@@ -91,9 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
-    from gpt.analysis.experiment import comparison_folder, run_sweep
     from gpt.analysis.report import markdown
-    from gpt.publish.release import check_repo_name, outcome_problems, publish_sweep
+    from gpt.publish.release import check_repo_name
+    from gpt.sweep.launch import publish_grid, run_sweep
 
     if args.push_to_hub:  # a name the Hub refuses stops here, not after the training
         check_repo_name(f"{args.push_to_hub}/{args.hub_prefix + '-' if args.hub_prefix else ''}{args.config.stem}")
@@ -117,14 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown(result), end="")
         print(f"\nplots: {', '.join(result['plots'])}")
     if args.push_to_hub:
-        comparison = comparison_folder(args.config, args.runs_dir, args.out)
-        if args.dry_run:  # nothing is trained yet: the command that publishes it, as the others above
-            publish = ["scripts/publish_sweep.py", str(args.runs_dir), "--namespace", args.push_to_hub]
-            publish += ["--comparison", str(comparison), *(["--prefix", args.hub_prefix] if args.hub_prefix else [])]
-            print(shlex.join([sys.executable, *publish]))
-        else:
-            outcome = publish_sweep(args.runs_dir, args.push_to_hub, prefix=args.hub_prefix, comparison=comparison)
-            outcome_problems(outcome)
+        publish_grid(args.config, args.runs_dir, args.out, args.push_to_hub, args.hub_prefix, args.dry_run)
     return 0
 
 

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.find_micro_batch:
         from gpt.run.distributed import setup
-        from gpt.training.micro_batch import find_micro_batch
+        from gpt.speed.micro_batch import find_micro_batch
 
         dist = setup(cfg.run.device)
         try:

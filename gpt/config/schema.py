@@ -11,6 +11,8 @@ one-line errors) is ``gpt.config.loader``'s job.
 from __future__ import annotations
 
 import math
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,8 +20,9 @@ from typing import Any
 from gpt.common.errors import quoted
 
 # The choices a config may name. This package imports no torch (a config is checked before anything heavy
-# loads), so the implementations keep their own registries and tests/test_architecture.py holds them equal:
-# gpt.model.norms (shipped alone to the Hub), gpt.training.schedule and gpt.model.loss.
+# loads), so the implementations keep their own registries and tests hold these copies equal to them:
+# gpt.model.norms (the norm registry, shipped alone to the Hub; tests/model/test_norms.py prints the edit to
+# make here when they differ), gpt.training.schedule and gpt.model.loss (tests/behaviour/test_architecture.py).
 NORM_TYPES = (
     "handrolled_layernorm",
     "pytorch_layernorm",
@@ -71,13 +74,29 @@ def opt(
     gt: float | None = None,
     le: float | None = None,
     lt: float | None = None,
-    choices: tuple[str, ...] | None = None,
+    choices: Sequence[str] | None = None,
 ) -> Any:
     """Declare a config field: default, one-line doc, and the allowed values."""
     meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+class _NormTypeChoices(Sequence[str]):
+    """model.norm_type's choices: the norm registry's names once ``gpt.model.norms`` is loaded (so a norm
+    type registered at run time, as by a test, is one), else ``NORM_TYPES``, its torch-free copy. Looked
+    up, never imported: loading the config must not load torch."""
+
+    def _names(self) -> tuple[str, ...]:
+        registry = sys.modules.get("gpt.model.norms")
+        return NORM_TYPES if registry is None else registry.NORM_TYPES
+
+    def __getitem__(self, i):
+        return self._names()[i]
+
+    def __len__(self) -> int:
+        return len(self._names())
 
 
 # --------------------------------------------------------------------------- sections
@@ -95,7 +114,8 @@ class ModelConfig:
     dropout: float = opt(0.0, "dropout on embeddings, attention and residual branches", ge=0, lt=1)
     qkv_bias: bool = opt(False, "bias on the Q/K/V projection (OpenAI GPT-2: true; write-up: false)")
     tie_weights: bool = opt(False, "share the token embedding with the output head (GPT-2: true)")
-    norm_type: str = opt("handrolled_layernorm", "normalisation layer built by make_norm", choices=NORM_TYPES)
+    norm_type: str = opt("handrolled_layernorm", "normalisation layer built by make_norm", choices=_NormTypeChoices())
+    # The norm types' own parameters (gpt.model.norms.NORM_PARAMS), one field each: same name, default and doc.
     norm_eps: float = opt(1e-5, "eps of every norm that has one (hand-rolled and PyTorch alike)", gt=0)
     dyt_alpha_init: float = opt(0.5, "initial alpha of the dyt norm", gt=0)
     init: str = opt(

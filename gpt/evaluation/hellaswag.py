@@ -37,6 +37,9 @@ import torch.nn.functional as F
 
 from gpt.common.errors import UserError, first_line
 from gpt.common.files import WriteError, write_atomically
+from gpt.model.gpt import GPT
+from gpt.run.checkpoints import checkpoint_config, checkpoint_identity, load_weights
+from gpt.run.directory import write_eval_result
 from gpt.run.distributed import Dist
 from gpt.run.fastpath import ieee_fp32
 from gpt.run.fingerprint import evaluation_fingerprint
@@ -215,7 +218,7 @@ def summarise(per_item: list[dict]) -> dict:
     return out
 
 
-def evaluate_hellaswag(model, items: list[Item], dist: Dist, *, precision: str = "fp32", chunk: int = 8) -> dict:
+def score_model(model, items: list[Item], dist: Dist, *, precision: str = "fp32", chunk: int = 8) -> dict:
     """``model`` (on ``dist.device``) on ``items``: the three accuracies, and every item's answers (so two
     models can be compared item by item), as the JSON record evaluate.py keeps."""
     from gpt.data.tokenizer import get_tokenizer
@@ -245,3 +248,50 @@ def evaluate_hellaswag(model, items: list[Item], dist: Dist, *, precision: str =
         "items_per_s": len(items) / seconds if seconds else None,
         "fingerprint": fingerprint,
     }
+
+
+def evaluate_checkpoint(
+    ckpt: Path, dist: Dist, items: list[Item], source: Path | None, precision: str = "fp32"
+) -> dict:
+    """HellaSwag of one checkpoint on ``items`` (read from ``source``; None: the cached validation set), kept
+    as ``eval-hellaswag-<precision>.json`` beside it."""
+    cfg = checkpoint_config(ckpt)
+    if cfg.model.vocab_size < GPT2_VOCAB:
+        raise UserError(
+            f"{ckpt}: HellaSwag is read in GPT-2 BPE ({GPT2_VOCAB:,} tokens), and this model's vocabulary "
+            f"has {cfg.model.vocab_size:,}; evaluate a model trained on GPT-2 tokens"
+        )
+    model = GPT(cfg.model)
+    load_weights(model, ckpt)
+    model.to(dist.device)
+    result = {
+        **checkpoint_identity(ckpt, cfg),
+        "data": str(source) if source else "validation (cached)",
+        **score_model(model, items, dist, precision=precision),
+    }
+    if dist.is_main:
+        write_eval_result(ckpt, result)
+    return result
+
+
+HEADER = (
+    f"{'run':<36}{'norm_type':<28}{'step':>7}{'items':>9}{'prec':>6}{'acc':>9}{'acc_norm':>10}{'acc_token_mean':>16}"
+)
+
+
+def table_line(r: dict) -> str:
+    """A result as a row of evaluate.py's table (under ``HEADER``)."""
+    return (
+        f"{r['run']:<36}{r['norm_type']:<28}{str(r['step']):>7}{r['n_items']:>9,}{r['precision']:>6}"
+        f"{r['acc']:>9.4f}{r['acc_norm']:>10.4f}{r['acc_token_mean']:>16.4f}"
+    )
+
+
+def card_line(h: dict) -> str:
+    """A result as the model card says it."""
+    return (
+        f"- HellaSwag ({h['n_items']:,} items, {h['precision']}, `evaluate.py --task hellaswag`): acc "
+        f"{h['acc']:.4f} (highest summed log-probability), acc_norm {h['acc_norm']:.4f} (per character, as "
+        f"lm-evaluation-harness), acc_token_mean {h['acc_token_mean']:.4f} (lowest mean token loss, as llm.c); "
+        "random guessing scores 0.25."
+    )

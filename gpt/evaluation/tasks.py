@@ -1,98 +1,171 @@
-"""The tasks evaluate.py runs on a checkpoint: one module each, behind one small interface.
+"""The evaluation tasks, each declared once: evaluate.py, the comparison, the report and the model card
+read what they need of a task from its entry here and name none by hand.
 
-A ``Task`` says what it needs (``needs``: the data, in words), how it scores a checkpoint
+A ``Task`` says what evaluate.py needs to run it (its command-line ``options``; its ``prepare``d inputs,
+read and checked before any model loads; the data it reads, ``needs``), how it scores a checkpoint
 (``evaluate``: score, keep the result beside the checkpoint as ``eval-<name>-<precision>.json``
-through ``gpt.run.directory``, return it) and how its result reads in evaluate.py's table
-(``header``, ``line``). Held-out test loss is the first task (``gpt.evaluation.test_loss``;
-its file keeps its split's name, ``eval-test-fp32.json``); HellaSwag is the second
-(``gpt.evaluation.hellaswag``).
+through ``gpt.run.directory``, return it), how a result reads in evaluate.py's table (``header``,
+``line``), what the comparison compares over seeds (``metrics``; none: not compared) and how the
+report heads it (``title``, ``note``), and how the model card shows it (``card``).
+
+A new task is one module (its scoring; the stand-in of ``tests/evaluation/test_extending_task.py`` shows one)
+and one entry in ``TASKS`` below. The held-out test loss (``gpt.evaluation.held_out``; its file keeps
+its split's name, ``eval-test-fp32.json``, and the comparison and the card are built around it) and
+HellaSwag (``gpt.evaluation.hellaswag``) are declared here; lm-evaluation-harness, whose checkpoint
+is first exported by ``gpt.publish``, a wing above this one, is declared beside its machinery and
+registered from there (``gpt.publish.lm_eval_bridge``).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import argparse
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpt.common.errors import UserError
-from gpt.evaluation import hellaswag
-from gpt.evaluation.test_loss import EvalOptions, RangeOverride, evaluate_checkpoint
-from gpt.model.gpt import GPT
-from gpt.run.checkpoints import checkpoint_config, checkpoint_identity, load_weights
-from gpt.run.directory import write_eval_result
+from gpt.common.errors import UserError, quoted
+from gpt.evaluation import held_out, hellaswag
+from gpt.evaluation.held_out import EvalOptions, RangeOverride
+from gpt.run.directory import read_eval_result
 from gpt.run.distributed import Dist
 
 
 @dataclass(frozen=True)
+class Metric:
+    """One number of a task's result (a key of it), compared over seeds."""
+
+    name: str  # its key in the result, e.g. acc
+    title: str  # what it is, in a few words (the report says it when the task gives no note)
+    higher_is_better: bool = True
+
+
+@dataclass(frozen=True)
+class Option:
+    """A command-line argument a task adds to evaluate.py: ``parser.add_argument(*flags, **kwargs)``."""
+
+    flags: tuple[str, ...]  # ("--hellaswag",)
+    kwargs: dict = field(default_factory=dict)  # type, metavar, help, ...
+    selects: bool = False  # given, it runs the task without --task (--lm-eval TASKS, --hf MODEL)
+    instead_of_a_run: bool = False  # given, evaluate.py needs no run or checkpoint (--hf MODEL)
+
+    @property
+    def dest(self) -> str:
+        return self.flags[0].lstrip("-").replace("-", "_")
+
+
+@dataclass(frozen=True)
 class TaskInputs:
-    """What evaluate.py hands every task; each reads the parts it needs."""
+    """What evaluate.py hands every task: how to score, the parsed arguments, each task's prepared inputs."""
 
     options: EvalOptions = EvalOptions()  # precision, batch size, progress
-    override: RangeOverride = RangeOverride()  # test loss: another token range than the run's
-    hellaswag: Path | None = None  # HellaSwag: a local JSONL file (None: the cached validation set)
-    items: list | None = dataclasses.field(default=None, compare=False)  # HellaSwag items, read once for all
+    args: argparse.Namespace = field(default_factory=argparse.Namespace)  # every task's options, parsed
+    prepared: dict = field(default_factory=dict, compare=False)  # task name -> what its ``prepare`` returned
 
 
 @dataclass(frozen=True)
 class Task:
-    name: str  # evaluate.py --task NAME
+    name: str  # evaluate.py --task NAME; its result beside a checkpoint: eval-<name>-<precision>.json
     needs: str  # the data it reads, in words (--help shows it)
     evaluate: Callable[[Path, Dist, TaskInputs], dict]  # score a checkpoint, keep the result beside it, return it
-    header: str  # evaluate.py's table header
-    line: Callable[[dict], str]  # a result as a row of that table
+    header: str | None  # evaluate.py's table header (None: its lines stand alone)
+    line: Callable[[dict], str]  # a result as evaluate.py prints it (a row of that table)
+    metrics: tuple[Metric, ...] = ()  # compared over seeds by gpt.analysis.table (none: not compared)
+    title: str | None = None  # the report's heading for it (None: its name)
+    note: str | None = None  # the report's paragraph under that heading (None: its metrics' titles)
+    card: Callable[[dict], str] | None = None  # its line on the model card (None: not on the card)
+    options: tuple[Option, ...] = ()  # what it adds to evaluate.py's arguments
+    prepare: Callable[[argparse.Namespace], object] | None = None  # its inputs, read once before any work
+    default: bool = False  # run when neither --task nor an option that selects a task is given
+    more_rows: Callable[[list[dict], Dist, TaskInputs], list[dict]] | None = None  # rows beyond the checkpoints'
+
+    def result(self, ckpt: Path, precision: str = "fp32") -> dict | None:
+        """Its result kept beside checkpoint ``ckpt`` (None: not evaluated on it)."""
+        return read_eval_result(ckpt, self.name, precision)
 
 
-def test_loss_line(r: dict) -> str:
-    return (
-        f"{r['run']:<36}{r['norm_type']:<28}{str(r['step']):>7}{r['split']:>12}{r['targets_scored']:>15,}"
-        f"{r['precision']:>6}{r['loss']:>11.6f}{r['perplexity']:>10.2f}"
-    )
+def positive_int(text: str) -> int:
+    """An argument's value as a whole number > 0 (argparse ``type``)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a positive whole number")
+    return int(text)
 
 
-def evaluate_hellaswag(ckpt: Path, dist: Dist, inputs: TaskInputs) -> dict:
-    """HellaSwag of one checkpoint, kept as ``eval-hellaswag-<precision>.json`` beside it."""
-    cfg = checkpoint_config(ckpt)
-    if cfg.model.vocab_size < hellaswag.GPT2_VOCAB:
-        raise UserError(
-            f"{ckpt}: HellaSwag is read in GPT-2 BPE ({hellaswag.GPT2_VOCAB:,} tokens), and this model's vocabulary "
-            f"has {cfg.model.vocab_size:,}; evaluate a model trained on GPT-2 tokens"
-        )
-    items = inputs.items if inputs.items is not None else hellaswag.load_items(inputs.hellaswag)
-    model = GPT(cfg.model)
-    load_weights(model, ckpt)
-    model.to(dist.device)
-    result = {
-        **checkpoint_identity(ckpt, cfg),
-        "data": str(inputs.hellaswag) if inputs.hellaswag else "validation (cached)",
-        **hellaswag.evaluate_hellaswag(model, items, dist, precision=inputs.options.precision),
-    }
-    if dist.is_main:
-        write_eval_result(ckpt, result)
-    return result
+def register_task(task: Task) -> Task:
+    """Add ``task`` to ``TASKS`` (after the others); a name taken is refused."""
+    if task.name in TASKS:
+        raise UserError(f"evaluation task {task.name!r} is registered already")
+    TASKS[task.name] = task
+    return task
 
 
-def hellaswag_line(r: dict) -> str:
-    return (
-        f"{r['run']:<36}{r['norm_type']:<28}{str(r['step']):>7}{r['n_items']:>9,}{r['precision']:>6}"
-        f"{r['acc']:>9.4f}{r['acc_norm']:>10.4f}{r['acc_token_mean']:>16.4f}"
-    )
+def unregister_task(name: str) -> None:
+    TASKS.pop(name)
 
 
-TASKS = {
-    "test_loss": Task(
-        "test_loss",
-        "the run's token set: data.test_split from data.test_offset (--data, --split, --offset, --tokens)",
-        lambda ckpt, dist, inputs: evaluate_checkpoint(ckpt, dist, inputs.options, inputs.override),
-        f"{'run':<36}{'norm_type':<28}{'step':>7}{'split':>12}{'tokens scored':>15}{'prec':>6}{'loss':>11}{'ppl':>10}",
-        test_loss_line,
+def compared_tasks() -> list[Task]:
+    """The tasks the comparison compares over seeds: those with metrics."""
+    return [t for t in TASKS.values() if t.metrics]
+
+
+def _range_override(args: argparse.Namespace) -> RangeOverride:
+    return RangeOverride(args.data, args.split, args.offset, args.tokens)
+
+
+def _evaluate_hf(rows: list[dict], dist: Dist, inputs: TaskInputs) -> list[dict]:
+    return held_out.evaluate_hf_models(inputs.args.hf, rows, dist, inputs.options, inputs.prepared["test_loss"])
+
+
+TEST_LOSS = Task(
+    "test_loss",
+    "the run's token set: data.test_split from data.test_offset (--data, --split, --offset, --tokens)",
+    lambda ckpt, dist, inputs: held_out.evaluate_checkpoint(ckpt, dist, inputs.options, inputs.prepared["test_loss"]),
+    held_out.HEADER,
+    held_out.table_line,
+    options=(
+        Option(("--data",), {"help": "token set folder (default: the run's data.path / data.hub_repo)"}),
+        Option(("--split",), {"help": "split (default: the run's data.test_split)"}),
+        Option(("--offset",), {"type": int, "help": "first token (default: the run's data.test_offset)"}),
+        Option(("--tokens",), {"type": int, "help": "tokens in the range (default: data.test_tokens, or to the end)"}),
+        Option(
+            ("--hf",),
+            {
+                "action": "append",
+                "default": [],
+                "metavar": "MODEL",
+                "help": "also evaluate a transformers GPT-2 checkpoint (Hub name or folder); needs --data "
+                "or a run to take the range from",
+            },
+            selects=True,
+            instead_of_a_run=True,
+        ),
     ),
-    "hellaswag": Task(
-        "hellaswag",
-        f"HellaSwag's validation set ({hellaswag.N_VALIDATION:,} items): --hellaswag FILE, or the cache, "
-        "fetched once when a network exists",
-        evaluate_hellaswag,
-        f"{'run':<36}{'norm_type':<28}{'step':>7}{'items':>9}{'prec':>6}{'acc':>9}{'acc_norm':>10}{'acc_token_mean':>16}",
-        hellaswag_line,
+    prepare=_range_override,
+    default=True,
+    more_rows=_evaluate_hf,
+)
+
+HELLASWAG = Task(
+    hellaswag.RESULT,
+    f"HellaSwag's validation set ({hellaswag.N_VALIDATION:,} items): --hellaswag FILE, or the cache, "
+    "fetched once when a network exists",
+    lambda ckpt, dist, inputs: hellaswag.evaluate_checkpoint(
+        ckpt, dist, inputs.prepared["hellaswag"], inputs.args.hellaswag, inputs.options.precision
     ),
-}
+    hellaswag.HEADER,
+    hellaswag.table_line,
+    metrics=tuple(Metric(name, title) for name, title in hellaswag.METRICS.items()),
+    title="HellaSwag",
+    note="acc: the ending with the highest summed log-probability; acc_norm: per character of the ending "
+    "(lm-evaluation-harness's); acc_token_mean: the lowest mean per-token loss (llm.c's, build-nanogpt's). "
+    "Random guessing: 0.25; OpenAI's GPT-2 124M: 0.2955 acc_token_mean.",
+    card=hellaswag.card_line,
+    options=(
+        Option(
+            ("--hellaswag",), {"type": Path, "metavar": "FILE", "help": "HellaSwag items (JSONL), instead of the cache"}
+        ),
+    ),
+    prepare=lambda args: hellaswag.load_items(args.hellaswag),  # a missing file: said before any work
+)
+
+# Every task, in the order evaluate.py runs and prints them; a new task is an entry here.
+TASKS: dict[str, Task] = {t.name: t for t in (TEST_LOSS, HELLASWAG)}

@@ -29,7 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .loss import cross_entropy
-from .norms import NORM_MODULES, make_norm
+from .norms import is_norm, make_norm
 
 
 class CausalSelfAttention(nn.Module):
@@ -167,7 +167,7 @@ class GPT(nn.Module):
         return {
             f"{mname}.{pname}"
             for mname, module in self.named_modules()
-            if isinstance(module, NORM_MODULES)
+            if is_norm(module)
             for pname, _ in module.named_parameters()
         }
 
@@ -187,7 +187,7 @@ class GPT(nn.Module):
         std = 0.02
         done: set[int] = set()  # a tied weight is initialised once, by its first owner
         for mname, module in self.named_modules():
-            if isinstance(module, NORM_MODULES) or not list(module.parameters(recurse=False)):
+            if is_norm(module) or not list(module.parameters(recurse=False)):
                 continue
             for pname, p in module.named_parameters(recurse=False):
                 if id(p) in done:

@@ -1,4 +1,10 @@
-"""Normalisation layers and the one factory every block calls: ``make_norm(cfg)``.
+"""Normalisation layers, their registry, and the one factory every block calls: ``make_norm(cfg)``.
+
+Each norm type is declared once, as a ``NormType`` in the registry at the end of this file (its
+name, builder, module types, own parameters with defaults and docs); ``NORM_TYPES``,
+``NORM_MODULES``, ``NORM_PARAMS`` and ``make_norm`` derive from it, and so do the config's choices
+and the Hub export's config keys. This file is shipped verbatim to the Hub beside the weights
+(``gpt.publish.layouts``), so it imports torch and the standard library only.
 
 All layers here map ``(..., D) -> (..., D)`` and act on the last dimension only.
 Their parameters are called ``weight`` (scale) and ``bias`` (shift), as in
@@ -13,13 +19,31 @@ anyway (see ``gpt.model.gpt``), so the choice of norm cannot shift any other wei
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn as nn
 
-DEFAULT_EPS = 1e-5
-DEFAULT_DYT_ALPHA = 0.5
+# --------------------------------------------------------------------------- parameters
+
+
+@dataclass(frozen=True)
+class NormParam:
+    """A hyper-parameter of a norm type: the config key ``model.<name>``, read by ``make_norm``."""
+
+    name: str  # the config key (gpt.config.schema.ModelConfig has a field of this name)
+    default: float
+    doc: str  # one line, the config field's doc
+    arg: str  # the builder's keyword argument it is passed as
+
+
+# The parameters of the types registered below (several types share one, as eps).
+EPS = NormParam("norm_eps", 1e-5, "eps of every norm that has one (hand-rolled and PyTorch alike)", "eps")
+DYT_ALPHA = NormParam("dyt_alpha_init", 0.5, "initial alpha of the dyt norm", "alpha_init")
+
+
+# --------------------------------------------------------------------------- layers
 
 
 class LayerNorm(nn.Module):
@@ -30,7 +54,7 @@ class LayerNorm(nn.Module):
     (once here, once inside ``var``): that is the point of this baseline.
     """
 
-    def __init__(self, dim: int, eps: float = DEFAULT_EPS):
+    def __init__(self, dim: int, eps: float = EPS.default):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
@@ -65,7 +89,7 @@ class RMSNorm(nn.Module):
     function.
     """
 
-    def __init__(self, dim: int, eps: float = DEFAULT_EPS):
+    def __init__(self, dim: int, eps: float = EPS.default):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
@@ -85,7 +109,7 @@ class DyT(nn.Module):
     A normalisation-free replacement: no statistics over the vector are taken.
     """
 
-    def __init__(self, dim: int, alpha_init: float = DEFAULT_DYT_ALPHA):
+    def __init__(self, dim: int, alpha_init: float = DYT_ALPHA.default):
         super().__init__()
         self.alpha = nn.Parameter(torch.tensor(float(alpha_init)))
         self.weight = nn.Parameter(torch.ones(dim))
@@ -105,45 +129,103 @@ def _cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
     return getattr(cfg, key, default)
 
 
-# norm_type -> builder(dim, cfg). The keys are the only valid norm types.
-_BUILDERS: dict[str, Callable[[int, Any], nn.Module]] = {
-    "handrolled_layernorm": lambda d, c: LayerNorm(d, eps=_eps(c)),
-    "pytorch_layernorm": lambda d, c: nn.LayerNorm(d, eps=_eps(c)),
-    "handrolled_rmsnorm": lambda d, c: RMSNorm(d, eps=_eps(c)),
-    "pytorch_rmsnorm": lambda d, c: nn.RMSNorm(d, eps=_eps(c), elementwise_affine=True),
-    "no_norm": lambda d, c: nn.Identity(),
-    "dyt": lambda d, c: DyT(d, alpha_init=_cfg_get(c, "dyt_alpha_init", DEFAULT_DYT_ALPHA)),
-    "handrolled_layernorm_fast": lambda d, c: FastLayerNorm(d, eps=_eps(c)),
-}
-
-NORM_TYPES: tuple[str, ...] = tuple(_BUILDERS)
-
-# Every module type make_norm can return: how the model (and the optimizer's
-# weight-decay grouping) recognises a norm layer.
-NORM_MODULES: tuple[type[nn.Module], ...] = (
-    LayerNorm,
-    RMSNorm,
-    DyT,
-    nn.LayerNorm,
-    nn.RMSNorm,
-    nn.Identity,
-)
+# --------------------------------------------------------------------------- the registry
 
 
-def _eps(cfg: Any) -> float:
-    return float(_cfg_get(cfg, "norm_eps", DEFAULT_EPS))
+@dataclass(frozen=True)
+class NormType:
+    """One norm type, declared once: everything else (``NORM_TYPES``, ``NORM_MODULES``, the Hub
+    export's config keys, the config schema's choices) derives from the registry of these."""
+
+    name: str  # the value of model.norm_type
+    build: Callable[..., nn.Module]  # build(dim, **{param.arg: value}) -> the layer
+    doc: str  # one line: what it computes
+    params: tuple[NormParam, ...] = ()
+    modules: tuple[type[nn.Module], ...] = ()  # what build returns; () means build itself (a class)
+
+    def __post_init__(self) -> None:
+        if not self.modules:
+            if not isinstance(self.build, type):
+                raise ValueError(f"norm type {self.name!r}: name the module types its builder returns (modules=)")
+            object.__setattr__(self, "modules", (self.build,))
+
+
+NORMS: dict[str, NormType] = {}  # the registry: norm_type -> its declaration
+NORM_TYPES: tuple[str, ...] = ()  # the registry's names, in order
+NORM_MODULES: tuple[type[nn.Module], ...] = ()  # every module type make_norm can return
+NORM_PARAMS: dict[str, NormParam] = {}  # every norm parameter by config key, as first declared
+
+
+def register_norm(norm: NormType) -> NormType:
+    """Add a norm type to the registry (a test may add one at run time; ``unregister_norm`` removes it)."""
+    if norm.name in NORMS:
+        raise ValueError(f"norm type {norm.name!r} is registered already")
+    for p in norm.params:
+        known = NORM_PARAMS.get(p.name)
+        if known is not None and known != p:
+            raise ValueError(f"norm parameter {p.name!r} of {norm.name!r} differs from the one declared as {known}")
+    NORMS[norm.name] = norm
+    _derive()
+    return norm
+
+
+def unregister_norm(name: str) -> None:
+    del NORMS[name]
+    _derive()
+
+
+def _derive() -> None:
+    """Rebuild what derives from the registry (module globals, read at call time by is_norm and make_norm)."""
+    global NORM_TYPES, NORM_MODULES, NORM_PARAMS
+    NORM_TYPES = tuple(NORMS)
+    NORM_MODULES = tuple(dict.fromkeys(m for n in NORMS.values() for m in n.modules))
+    NORM_PARAMS = {p.name: p for n in NORMS.values() for p in n.params}
+
+
+# The norm types, in the write-up's order (a comparison's default baseline is the first one its runs hold).
+for _norm in (
+    NormType("handrolled_layernorm", LayerNorm, "the textbook LayerNorm, hand-rolled (the write-up's)", (EPS,)),
+    NormType("pytorch_layernorm", nn.LayerNorm, "nn.LayerNorm (fused kernel)", (EPS,)),
+    NormType("handrolled_rmsnorm", RMSNorm, "RMSNorm, hand-rolled: x / sqrt(mean(x^2) + eps) * weight", (EPS,)),
+    NormType("pytorch_rmsnorm", nn.RMSNorm, "nn.RMSNorm", (EPS,)),
+    NormType("no_norm", nn.Identity, "no normalisation: the identity, no parameters"),
+    NormType("dyt", DyT, "Dynamic Tanh: weight * tanh(alpha * x) + bias, alpha learnable", (DYT_ALPHA,)),
+    NormType("handrolled_layernorm_fast", FastLayerNorm, "hand-rolled LayerNorm re-using x - mean", (EPS,)),
+):
+    register_norm(_norm)
+
+
+# --------------------------------------------------------------------------- using it
+
+
+def is_norm(module: nn.Module) -> bool:
+    """Whether ``module`` is a norm layer (of any registered type, those registered later included)."""
+    return isinstance(module, NORM_MODULES)
+
+
+def norm_param_values(cfg: Any) -> dict[str, Any]:
+    """Every registered norm parameter's value in ``cfg`` (its default where ``cfg`` has none), by config key:
+    what a published config.json carries, so that no norm parameter needs code of its own there."""
+    return {name: _param(cfg, p) for name, p in NORM_PARAMS.items()}
+
+
+def _param(cfg: Any, p: NormParam) -> Any:
+    value = _cfg_get(cfg, p.name)
+    return p.default if value is None else type(p.default)(value)
 
 
 def make_norm(cfg: Any) -> nn.Module:
     """Build the norm layer named by ``cfg.norm_type`` (or ``cfg["norm_type"]``).
 
     The width is ``d_model`` (``emb_dim`` is accepted for the write-up's dict
-    configs); eps is ``norm_eps`` (default 1e-5) for every type that has one.
+    configs); each of the type's parameters is read by its config key (``norm_eps``,
+    ``dyt_alpha_init``), its default where the config has none.
     """
     norm_type = _cfg_get(cfg, "norm_type")
-    if norm_type not in _BUILDERS:
+    if norm_type not in NORMS:
         raise ValueError(f"unknown norm_type {norm_type!r}; valid types: {', '.join(NORM_TYPES)}")
     dim = _cfg_get(cfg, "d_model", None) or _cfg_get(cfg, "emb_dim")
     if dim is None:
         raise ValueError("make_norm needs the width as cfg d_model (or emb_dim)")
-    return _BUILDERS[norm_type](int(dim), cfg)
+    norm = NORMS[norm_type]
+    return norm.build(int(dim), **{p.arg: _param(cfg, p) for p in norm.params})

@@ -3,18 +3,20 @@
 Hub metadata first (license, library, pipeline tag, tags with the norm type, the data set,
 and a ``model-index`` entry whose metric is the held-out test loss ``evaluate.py``
 measured), then what a reader wants to know: the model, the data, the schedule, the
-hardware and speed, the losses with how and on what they were measured, the run's row of
+hardware and speed, the losses with how and on what they were measured, a line for each other
+evaluation task the checkpoint has a result of (its registry entry's ``card``), the run's row of
 its comparison when it has one, the loss curve, and how to use it.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import yaml
 
 from gpt.config import Config
+from gpt.evaluation.tasks import TASKS
 from gpt.publish.layouts import Layout
 from gpt.run.distributed import PEAK_MEMORY, peak_memory_of
 
@@ -36,7 +38,7 @@ class CardFacts:
     data_source: str | None = None  # the token set's source (meta.json), e.g. HuggingFaceFW/fineweb
     layout: Layout = Layout.REMOTE_CODE  # NATIVE_GPT2: the stock GPT2LMHeadModel layout, no remote code
     loss_png: bool = False  # the run's loss chart is uploaded beside the card, as loss.png
-    hellaswag: dict | None = None  # the checkpoint's eval-hellaswag-fp32.json (None: not evaluated on it)
+    tasks: dict = field(default_factory=dict)  # task name -> its fp32 result, for each task with a card line
     experiment: dict | None = None  # published with its sweep (gpt.publish.release): its row and the dataset
 
 
@@ -135,14 +137,7 @@ def loss_lines(f: CardFacts) -> list[str]:
             f"{e.get('data_dir', 'the token set')} ({e.get('tokenizer', 'gpt2')} tokenizer), in {e['precision']}, "
             "by `evaluate.py`; none of these tokens was trained or validated on."
         )
-    h = f.hellaswag
-    if h is not None:
-        lines.append(
-            f"- HellaSwag ({h['n_items']:,} items, {h['precision']}, `evaluate.py --task hellaswag`): acc "
-            f"{h['acc']:.4f} (highest summed log-probability), acc_norm {h['acc_norm']:.4f} (per character, as "
-            f"lm-evaluation-harness), acc_token_mean {h['acc_token_mean']:.4f} (lowest mean token loss, as llm.c); "
-            "random guessing scores 0.25."
-        )
+    lines += [TASKS[name].card(result) for name, result in f.tasks.items() if name in TASKS]  # HellaSwag, ...
     if f.experiment is not None:
         lines += experiment_lines(f.experiment)
     c = f.comparison

@@ -12,15 +12,15 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from gpt.common.errors import UserError
+from gpt.common.errors import UserError, quoted
 from gpt.common.files import copy_atomically, read_json, replacing, write_atomically, write_json
 from gpt.config import Config
 from gpt.data.tokenizer import gpt2_files_dir
 from gpt.data.tokens import read_meta
-from gpt.evaluation.hellaswag import RESULT as HELLASWAG
+from gpt.evaluation.tasks import TASKS
 from gpt.publish.card import CardFacts, card_text
 from gpt.publish.layouts import Layout, export_weights, hub_config, read_weights, write_code
-from gpt.run.checkpoints import MODEL_FILE, checkpoint_config, read_info
+from gpt.run.checkpoints import MODEL_FILE, checkpoint_config, checkpoint_tokenizer, read_info
 from gpt.run.directory import RunDir, comparisons_beside, read_eval_result
 
 EOT = "<|endoftext|>"
@@ -77,11 +77,11 @@ def card_facts(
         summary=summary if summary is not None else run.summary(),
         evaluation=evaluation,
         # a sweep published whole shows its row, not the group's (which changes as seeds are added)
-        comparison=comparison if comparison is not None or experiment is not None else find_comparison(run),
+        comparison=comparison if comparison is not None or experiment is not None else row_in_comparison_beside(run),
         data_source=source if isinstance(source, str) else None,
         layout=layout,
         loss_png=run.loss_chart.is_file(),
-        hellaswag=read_eval_result(ckpt, HELLASWAG, "fp32"),
+        tasks={t.name: r for t in TASKS.values() if t.card is not None and (r := t.result(ckpt)) is not None},
         experiment=experiment,
     )
 
@@ -94,7 +94,7 @@ def comparison_row(result: dict, run: RunDir) -> dict | None:
     return None
 
 
-def find_comparison(run: RunDir) -> dict | None:
+def row_in_comparison_beside(run: RunDir) -> dict | None:
     """The run's group in a comparison.json beside it (what scripts/sweep.py writes), if any."""
     for path in comparisons_beside(run):
         try:
@@ -120,6 +120,12 @@ def export_checkpoint(
     """Write ``ckpt`` into ``folder`` as a Hub repo's files; returns their names. ``comparison``: the run's
     group in a comparison; ``experiment``: its row in a sweep published whole (``gpt.publish.release``)."""
     cfg = checkpoint_config(ckpt)
+    tokenizer = checkpoint_tokenizer(ckpt)
+    if tokenizer not in (None, "gpt2"):  # the export ships GPT-2's tokenizer files: a model of other ids would misread
+        raise UserError(
+            f"{ckpt}: trained on {quoted(tokenizer)} tokens, and a published model carries GPT-2's tokenizer; "
+            "publish models trained on GPT-2 tokens (prepare_data --tokenizer gpt2)"
+        )
     weights = export_weights(cfg, read_weights(ckpt), layout)
     folder.mkdir(parents=True, exist_ok=True)
     with replacing(folder / MODEL_FILE) as tmp:

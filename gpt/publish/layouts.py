@@ -33,6 +33,7 @@ from gpt.model.gpt2_weights import (
     state_dict_from_hf,
     state_dict_to_hf,
 )
+from gpt.model.norms import norm_param_values
 from gpt.publish.hub_api import HubError
 from gpt.run.checkpoints import MODEL_FILE
 
@@ -102,8 +103,7 @@ def remote_config(cfg: Config) -> dict:
         "n_layer": m.n_layers,
         "n_head": m.n_heads,
         "norm_type": m.norm_type,
-        "norm_eps": m.norm_eps,
-        "dyt_alpha_init": m.dyt_alpha_init,
+        **norm_param_values(m),  # every norm parameter of the registry (norm_eps, dyt_alpha_init, ...)
         "qkv_bias": m.qkv_bias,
         "tie_word_embeddings": m.tie_weights,
         **special_tokens(m.vocab_size),

@@ -6,10 +6,14 @@ through ``trust_remote_code``) into a temporary folder, and ``lm_eval.simple_eva
 named tasks on it in fp32. ``include_path`` adds task YAMLs of one's own (a local JSON data set,
 say). The result, lm-eval's metrics per task with every item's log-likelihoods, is kept beside
 the checkpoint as ``eval-lm-eval-fp32.json``.
+
+It is evaluate.py's task ``lm-eval`` (``LM_EVAL``, registered in ``gpt.evaluation.tasks`` when this module
+loads: its checkpoint is exported first, which only this wing can do).
 """
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 import time
 from pathlib import Path
@@ -17,6 +21,7 @@ from pathlib import Path
 import torch
 
 from gpt.common.errors import UserError, first_line
+from gpt.evaluation.tasks import Option, Task, TaskInputs, positive_int, register_task
 from gpt.publish.export import export_checkpoint
 from gpt.run.checkpoints import checkpoint_config, checkpoint_identity
 from gpt.run.directory import write_eval_result
@@ -92,3 +97,60 @@ def run_lm_eval(
     if write:
         write_eval_result(ckpt, result)
     return result
+
+
+def lm_eval_tasks(args: argparse.Namespace) -> list[str]:
+    """The lm-eval tasks named by --lm-eval TASKS (comma-separated)."""
+    tasks = [t for t in (args.lm_eval or "").split(",") if t]
+    if not tasks:
+        raise UserError("--task lm-eval needs the tasks to run: --lm-eval TASKS (comma-separated)")
+    return tasks
+
+
+def evaluate_checkpoint(ckpt: Path, dist: Dist, inputs: TaskInputs) -> dict:
+    """lm-eval's tasks on one checkpoint, on rank 0 (lm-eval runs its own batches; other ranks wait)."""
+    args = inputs.args
+    return dist.on_main(
+        lambda: run_lm_eval(
+            ckpt,
+            inputs.prepared["lm-eval"],
+            include_path=args.lm_eval_include,
+            batch_size=args.lm_eval_batch_size,
+            device=str(dist.device),
+        )
+    )
+
+
+def result_lines(r: dict) -> str:
+    """A result as evaluate.py prints it: a line per lm-eval task, with its float metrics."""
+    lines = []
+    for name, metrics in r["results"].items():
+        shown = ", ".join(f"{k.split(',')[0]} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
+        lines.append(f"{r['run']} (step {r['step']}) lm-eval {name}: {shown}")
+    return "\n".join(lines)
+
+
+LM_EVAL = register_task(
+    Task(
+        "lm-eval",
+        "lm-evaluation-harness's tasks (--lm-eval TASKS) on the checkpoint exported to transformers",
+        evaluate_checkpoint,
+        None,
+        result_lines,
+        options=(
+            Option(
+                ("--lm-eval",),
+                {"metavar": "TASKS", "help": "lm-evaluation-harness tasks, comma-separated (extra: .[eval])"},
+                selects=True,
+            ),
+            Option(
+                ("--lm-eval-include",), {"type": Path, "metavar": "DIR", "help": "--lm-eval: a folder of task YAMLs"}
+            ),
+            Option(
+                ("--lm-eval-batch-size",),
+                {"type": positive_int, "default": 8, "help": "--lm-eval: batch size (default 8)"},
+            ),
+        ),
+        prepare=lm_eval_tasks,
+    )
+)

@@ -72,7 +72,7 @@ class Sweep:
         return [r for r in self.runs if r.ckpt is not None]
 
 
-def find_comparison(folder: Path, comparison: Path | None) -> Path:
+def sweep_comparison_folder(folder: Path, comparison: Path | None) -> Path:
     """The sweep's comparison folder: ``comparison`` if given, else the one folder in ``folder`` holding one."""
     if not folder.is_dir():
         raise UserError(f"{folder}: no such folder; give the folder a sweep wrote (its runs and its comparison)")
@@ -111,7 +111,7 @@ def choose_checkpoint(r: SweepRun, split: str, include_failed: bool) -> None:
 def read_sweep(folder: Path, comparison: Path | None = None, include_failed: bool = False) -> Sweep:
     """The sweep in ``folder``: its comparison and its runs in table order, each with what it publishes."""
     folder = Path(folder)
-    comparison = find_comparison(folder, comparison)
+    comparison = sweep_comparison_folder(folder, comparison)
     result = read_json(comparison / COMPARISON_FILE, "comparison")
     split = (result.get("test_range") or {}).get("split", "test")
     runs = []

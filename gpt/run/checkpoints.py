@@ -300,6 +300,14 @@ def read_info(ckpt: Path) -> dict:
     return info
 
 
+def checkpoint_tokenizer(ckpt: Path) -> str | None:
+    """The tokenizer of the token set the checkpoint was trained on (its last segment's fingerprint), or None
+    for a checkpoint that does not record it."""
+    segments = read_info(ckpt)["segments"]
+    data = segments[-1].get("data", {}) if segments and isinstance(segments[-1], dict) else {}
+    return data.get("tokenizer") if isinstance(data, dict) else None
+
+
 def checkpoint_identity(ckpt: Path, cfg: Config) -> dict:
     """What names a checkpoint in an evaluation result (test loss, HellaSwag, lm-eval): its run, norm type,
     seed, folder and step."""

@@ -4,13 +4,13 @@
         config.yaml       the resolved config, written when the run starts
         metrics.jsonl     one JSON record per logged step (rank 0)
         summary.json      "running" while a trainer works on it; at the end: status, stop reason, speed, ...
-        loss.png lr.png grad_norm.png      charts of metrics.jsonl (gpt.analysis.charts)
+        loss.png lr.png grad_norm.png      charts of metrics.jsonl (CHARTS, drawn by gpt.analysis.charts)
         wandb_id.txt      the W&B run id, so that a resumed run continues it
         .lock             held (flock) by the one trainer working on the run; holds its PID
         hub.json          with hub.push_every_checkpoint: what was uploaded to the Hub (gpt.publish.uploads)
         .hub-staging/     checkpoints waiting for their upload (hard links), removed at the end
         checkpoints/      step-NNNNNNNN/ folders and the latest / best pointers (gpt.run.checkpoints)
-            step-NNNNNNNN/eval-<split>-<precision>.json    a loss of that checkpoint (gpt.evaluation.test_loss)
+            step-NNNNNNNN/eval-<split>-<precision>.json    a loss of that checkpoint (gpt.evaluation.held_out)
 
 Training, evaluation, comparison and the sweep reach these files only through here.
 A run's status is its ``summary.json``'s: ``running``, then ``completed``, ``diverged``
@@ -47,8 +47,26 @@ FINISHED = (COMPLETED, DIVERGED)  # results: a sweep does not run them again
 EXIT_CODES = {COMPLETED: 0, DIVERGED: 3, INTERRUPTED: 4}  # train.py's exit status for each (2: a user error)
 EVAL_PREFIX = "eval-"
 CHECKPOINTS_DIR = "checkpoints"
-CHARTS = {"loss": "loss.png", "lr": "lr.png", "grad_norm": "grad_norm.png"}  # a run's charts, by what they show
 COMPARISON_FILE = "comparison.json"  # compare's result, in a folder beside the runs it compares (the sweep's)
+
+
+@dataclass(frozen=True)
+class Chart:
+    """A chart of metrics.jsonl against tokens, drawn under one file name for a run (its curves) and for a
+    comparison (every run's, coloured by group): ``gpt.analysis.charts`` draws what is declared here."""
+
+    file: str  # the PNG, in a run's folder and in a comparison's
+    series: tuple[tuple[str, str], ...]  # (metrics.jsonl key, legend label): a line each, first solid, then dashed
+    label: str  # the y axis
+    log_scale: bool = False
+
+
+# Every per-step chart, declared once: a new metric is a key the training loop logs and an entry here.
+CHARTS = (
+    Chart("loss.png", (("train_loss", "train"), ("val_loss", "validation")), "cross-entropy loss"),
+    Chart("lr.png", (("lr", "learning rate"),), "learning rate"),
+    Chart("grad_norm.png", (("grad_norm", "gradient norm (before clipping)"),), "gradient norm", log_scale=True),
+)
 
 
 @dataclass(frozen=True)
@@ -81,13 +99,9 @@ class RunDir:
         return self.path / "wandb_id.txt"
 
     @property
-    def charts(self) -> dict[str, Path]:
-        """The run's charts (``gpt.analysis.charts.plot_run`` draws them), by what they show."""
-        return {what: self.path / name for what, name in CHARTS.items()}
-
-    @property
     def loss_chart(self) -> Path:
-        return self.charts["loss"]
+        """The chart of the training and validation loss (``CHARTS``' first), which a published model shows."""
+        return self.path / CHARTS[0].file
 
     @property
     def checkpoints(self) -> Path:

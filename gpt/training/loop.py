@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import random
-import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -33,35 +31,17 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from gpt.common.errors import UserError, clipped, first_line, os_reason
-from gpt.config import Config, dump_config, load_config
-from gpt.data.tokens import (
-    DataError,
-    TokenRange,
-    TrainBatches,
-    check_vocabulary,
-    open_split,
-    resolve_data_dir,
-    tokenizer_name,
-)
+from gpt.common.errors import UserError
+from gpt.config import Config
+from gpt.data.tokens import DataError, TokenRange, TrainBatches, check_vocabulary, open_split, resolve_data_dir
 from gpt.evaluation.token_loss import evaluate_loss
 from gpt.model.gpt import GPT
 from gpt.model.loss import autocast_for
-from gpt.run.checkpoints import (
-    CheckpointError,
-    check_same_experiment,
-    checkpoint_config,
-    load_state,
-    load_weights,
-    read_info,
-    read_pointer,
-    save_checkpoint,
-    tidy,
-)
-from gpt.run.directory import COMPLETED, DIVERGED, INTERRUPTED, RUNNING, RunDir
+from gpt.run.checkpoints import CheckpointError, load_state, load_weights, save_checkpoint
+from gpt.run.directory import COMPLETED, DIVERGED, INTERRUPTED, RunDir
 from gpt.run.distributed import Dist, device_name, peak_memory, setup
 from gpt.run.fastpath import apply_tf32, resolve
-from gpt.run.fingerprint import check_resume, take
+from gpt.run.ledger import RunLedger
 from gpt.run.random_state import rng_state, set_rng_state
 from gpt.training.hooks import RunHooks
 from gpt.training.metrics import Metrics
@@ -117,14 +97,14 @@ def train(
         trainer.build()
         return trainer.train()
     except StopNow as e:  # a third stop signal: say so in the summary, keep every checkpoint as it is
-        trainer.stopped_at_once(str(e))
+        trainer.ledger.mark_interrupted(str(e))
         raise
     except RuntimeError as e:  # a collective that failed: a peer rank's process ended?
         lost = dist.lost_ranks(e)
         if lost is None:
             raise
-        message = trainer.lost_peers(lost, e, resume)
-        trainer.stopped_at_once(message)
+        message = trainer.ledger.lost_peers(lost, e, resume, trainer.progress.step)
+        trainer.ledger.mark_interrupted(message)
         raise LostPeer(message, say=dist.speaks_for(lost)) from None
     finally:
         trainer.release()
@@ -149,33 +129,38 @@ class RepeatedBatches:
         pass
 
 
+@dataclass
+class Watchers:
+    """The loop's sinks and monitors, made when it starts (``Trainer.start``)."""
+
+    metrics: Metrics | None  # rank 0: metrics.jsonl and wandb
+    window: LossWindow  # the train losses since the last log
+    divergence: Divergence  # non-finite steps and the loss ceiling, counted on the device
+    bar: tqdm  # the progress bar
+    throughput: Throughput  # tokens/s, steady and since the last log
+
+
 class Trainer:
     """One training run on this rank: ``preflight``, ``build``, then ``train``. Outside a run (the
     benchmark, the memory probe): ``ready_to_step``, then ``train_step`` as often as wanted.
 
-    Every attribute is declared here; those that a stage sets are None until it has run."""
+    Every attribute is declared here; those that a stage sets are None until it has run. The run's
+    bookkeeping (its folder, lock, fingerprint, summary) is the ledger's (``gpt.run.ledger``)."""
 
     def __init__(self, cfg: Config, dist: Dist, hooks: list[RunHooks] = ()):
         self.cfg, self.dist = cfg, dist
         self.hooks = list(hooks) if dist.is_main else []  # rank 0 tells; the other ranks only train
-        self.run = RunDir(cfg.run_dir)
-        self.config_yaml = dump_config(cfg)  # written beside the run and into every checkpoint
+        self.ledger = RunLedger(cfg, dist)  # the run folder: claim, fingerprint, summary, the end
         self.fast = resolve(cfg.train, dist.device)  # precision, compile, TF32, prefetch as they apply here
         self.first_step_seconds: float | None = None  # this process's first step: compiling, warming up
         self.progress = Progress()
         self.last_train_loss: float | None = None
         self.diverged_at: int | None = None  # the step a divergence was first seen at (check_divergence)
         # preflight
-        self.lock = None  # rank 0's hold on the run directory, from preflight to the end
-        self.resume_from: Path | None = None  # the checkpoint to continue from
-        self.move_aside = False  # --overwrite of a run this one does not continue: move the old one aside
-        self.continues = False  # a run continues in the folder (from a checkpoint, or killed before one)
         self.val: TokenRange | None = None  # the validation range (open_data)
         self.reader: TrainBatches | RepeatedBatches | None = None  # this rank's training batches (open_reader)
-        self.segments: list[dict] = []  # the fingerprint of every segment of the run, this one last
         # build
         self.model: GPT | None = None
-        self.n_params: int | None = None  # parameters, a tied weight once, vocabulary padding not at all
         self.total_steps: int | None = None  # the run's planned optimizer steps
         self.warmup: int | None = None  # of those, warmup steps
         self.params: list[torch.nn.Parameter] = []  # the model's parameters, for the gradient norm
@@ -185,12 +170,8 @@ class Trainer:
         self.net: torch.nn.Module | None = None  # the model as stepped: DDP- and compile-wrapped as configured
         self.scorer: torch.nn.Module | None = None  # train.compile: the model compiled for validation, never DDP
         self.autocast = None  # a context-manager factory for the forward passes (autocast_for)
-        # start (the sinks and monitors of the loop)
-        self.metrics: Metrics | None = None  # rank 0: metrics.jsonl and wandb
-        self.window: LossWindow | None = None  # the train losses since the last log
-        self.divergence: Divergence | None = None  # non-finite steps and the loss ceiling, counted on the device
-        self.bar = None  # the progress bar (tqdm)
-        self.throughput: Throughput | None = None  # tokens/s, steady and since the last log
+        # start
+        self.watch: Watchers | None = None  # the loop's sinks and monitors
         self.last_checkpoint: Path | None = None  # rank 0: the newest checkpoint written
 
     # ------------------------------------------------------------ before the loop
@@ -204,46 +185,10 @@ class Trainer:
                 f"train.micro_batch_size {t.micro_batch_size} x {dist.world_size} processes; "
                 f"choose a global batch divisible by {t.micro_batch_size * dist.world_size}"
             )
-        self.resume_from, self.move_aside, self.continues = dist.on_main(lambda: self.claim(resume, overwrite))
+        self.ledger.claim(resume, overwrite)
         data_dir = dist.on_main(lambda: resolve_data_dir(cfg.data.path, cfg.data.hub_repo, cfg.data.hub_revision))
         self.open_data(data_dir)
-        self.segments = dist.on_main(lambda: self.fingerprint(data_dir))
-
-    def claim(self, resume: str | None, overwrite: bool) -> tuple[Path | None, bool, bool]:
-        """Rank 0: lock the run directory, tidy it, choose the checkpoint to resume from and check that it
-        is the same experiment. Returns (checkpoint, move the old run aside?, does a run continue?)."""
-        self.lock = self.run.lock()
-        for note in tidy(self.run.checkpoints):
-            print(note, file=sys.stderr)
-        resume_from = self.run.claim(resume, overwrite, report=lambda note: print(note, file=sys.stderr))
-        holds_run = self.run.holds_run()
-        move_aside = overwrite and not self.run.owns(resume_from) and holds_run  # else nothing to keep
-        continues = resume_from is not None or (holds_run and not move_aside)
-        if resume_from is not None:  # the experiment continues only as it began
-            check_same_experiment(checkpoint_config(resume_from), self.cfg, resume_from)
-        elif continues and self.run.config_file.is_file():  # restarting a run killed before a checkpoint
-            check_same_experiment(load_config(self.run.config_file), self.cfg, self.run.config_file)
-        return resume_from, move_aside, continues
-
-    def fingerprint(self, data_dir: Path) -> list[dict]:
-        """Rank 0: the segments of the run so far (the resumed checkpoint's) and this one's fingerprint,
-        after refusing a resume that would compute something else than the checkpoint did."""
-        saved = read_info(self.resume_from) if self.resume_from is not None else {}
-        current = take(
-            self.fast,
-            self.dist,
-            data_dir=data_dir,
-            tokenizer=tokenizer_name(data_dir),
-            micro_batch_size=self.cfg.train.micro_batch_size,
-            grad_accum=self.reader.accum,
-            train=self.reader.tokens,
-            train_range=self.reader.token_range(),
-            val=self.val.tokens,
-            val_range=(self.val.offset, self.val.offset + self.val.n_tokens),
-            from_step=saved.get("step", 0),
-        )
-        check_resume(saved.get("segments", []), current, self.resume_from)
-        return [*saved.get("segments", []), current]
+        self.ledger.fingerprint(self.fast, data_dir, self.reader, self.val)
 
     def open_data(self, data_dir: Path) -> None:
         """Open the validation range and the training reader; refuse ranges and token ids that do not fit."""
@@ -288,7 +233,6 @@ class Trainer:
         np.random.seed(t.seed + dist.rank)
         torch.manual_seed(t.seed + dist.rank)  # dropout masks differ across ranks, as they should
         self.model = GPT(cfg.model, seed=cfg.init_seed)
-        self.n_params = self.model.num_params()
         self.total_steps = cfg.total_steps(self.model.num_params(norms=False))
         self.progress.total_steps = self.total_steps
         self.warmup = warmup_steps(self.total_steps, cfg.optim.warmup_frac)
@@ -305,24 +249,10 @@ class Trainer:
         self.params = list(self.model.parameters())
         self.optimizer = make_optimizer(self.model, cfg.optim)
         self.scaler = torch.amp.GradScaler(dist.device.type, enabled=self.fast.precision == "fp16")
-        if self.resume_from is not None:
-            load_weights(self.model, self.resume_from)
-            self.load_state_dict(load_state(self.resume_from))
-            self.check_length()
-
-    def check_length(self) -> None:
-        """Refuse to continue a checkpoint under another plan than the one it was trained for."""
-        planned, p = self.progress.total_steps, self.progress
-        if planned is not None and planned != self.total_steps:
-            raise CheckpointError(
-                f"{self.resume_from} belongs to a run of {planned:,} steps, but this config now "
-                f"gives {self.total_steps:,}; the schedule would change mid-run: start a new run"
-            )
-        if p.step > self.total_steps:
-            raise CheckpointError(
-                f"{self.resume_from} is at step {p.step:,}, past this config's "
-                f"{self.total_steps:,} steps: start a new run"
-            )
+        if self.ledger.resume_from is not None:
+            load_weights(self.model, self.ledger.resume_from)
+            self.load_state_dict(load_state(self.ledger.resume_from))
+            self.ledger.check_length(self.progress.total_steps, self.progress.step, self.total_steps)
 
     def state_dict(self) -> dict:
         """Everything besides the weights that continuing exactly needs. Every rank calls it:
@@ -333,8 +263,8 @@ class Trainer:
             "data": self.reader.state_dict(),
             "progress": {
                 **vars(self.progress),
-                "elapsed": self.progress.elapsed + self.throughput.seconds(),
-                "window": self.window.totals(self.dist.all_sum),
+                "elapsed": self.progress.elapsed + self.watch.throughput.seconds(),
+                "window": self.watch.window.totals(self.dist.all_sum),
             },
             "rng": self.dist.gather_objects(rng_state()),
         }
@@ -389,106 +319,48 @@ class Trainer:
     def start(self) -> None:
         """Set the run directory up (rank 0), prepare the step, open the sinks."""
         cfg, dist, p = self.cfg, self.dist, self.progress
-        for note in dist.on_main(self.start_run_dir):
+        for note in dist.on_main(self.open_run):
             print(note, file=sys.stderr)
         self.prepare_step()
-        self.metrics = Metrics(self.run, cfg) if dist.is_main else None
-        self.window = LossWindow(dist.device, p.window if dist.is_main else None)  # all of a resumed window: rank 0
-        self.divergence = Divergence(
-            dist.device,
-            step=p.step,
-            total=p.nonfinite_total,
-            consecutive=p.nonfinite_run,
-            max_nonfinite=cfg.train.max_nonfinite_steps,
-            loss_ceiling=cfg.train.loss_ceiling,
-            warmup=self.warmup,
+        self.watch = Watchers(
+            metrics=Metrics(self.run, cfg) if dist.is_main else None,
+            window=LossWindow(dist.device, p.window if dist.is_main else None),  # all of a resumed window: rank 0
+            divergence=Divergence(
+                dist.device,
+                step=p.step,
+                total=p.nonfinite_total,
+                consecutive=p.nonfinite_run,
+                max_nonfinite=cfg.train.max_nonfinite_steps,
+                loss_ceiling=cfg.train.loss_ceiling,
+                warmup=self.warmup,
+            ),
+            bar=tqdm(
+                total=self.total_steps,
+                initial=p.step,
+                unit="step",
+                file=sys.stderr,
+                dynamic_ncols=True,
+                disable=not (dist.is_main and cfg.log.progress),
+            ),
+            throughput=Throughput(p.step, self.total_steps, cfg.tokens_per_step),
         )
-        self.bar = tqdm(
-            total=self.total_steps,
-            initial=p.step,
-            unit="step",
-            file=sys.stderr,
-            dynamic_ncols=True,
-            disable=not (dist.is_main and cfg.log.progress),
-        )
-        self.throughput = Throughput(p.step, self.total_steps, cfg.tokens_per_step)
 
-    def start_run_dir(self) -> list[str]:
-        """Rank 0: set the run directory up and mark the run as running (an evaluator then knows that
-        its summary is not final)."""
-        notes = []
-        if self.move_aside:
-            notes.append(f"moved the earlier run to {self.run.move_aside()}")
-            self.lock.release()  # its lock file went with it: hold the new folder's
-            self.lock = self.run.lock()
-        notes += self.run.start(self.config_yaml, self.progress.step, keep_config=self.continues)
-        cfg = self.cfg
-        try:
-            self.run.write_summary(
-                {
-                    "status": RUNNING,
-                    "pid": os.getpid(),
-                    "steps": self.progress.step,
-                    "total_steps": self.total_steps,
-                    "norm_type": cfg.model.norm_type,
-                    "seed": cfg.train.seed,
-                    **self.token_ranges(),
-                    "segments": self.segments,
-                }
-            )
-        except OSError as e:
-            raise UserError(
-                f"cannot write {self.run.summary_file}: {os_reason(e)}; free space or make the run "
-                "directory writable, then rerun"
-            ) from None
+    def open_run(self) -> list[str]:
+        """Rank 0: set the run directory up, mark the run as running, tell the hooks."""
+        notes = self.ledger.open(self.progress.step, self.total_steps, self.token_ranges())
         for hook in self.hooks:
             hook.started(self.run.path)
         return notes
 
-    def stopped_at_once(self, why: str) -> None:
-        """Rank 0, after a third stop signal: mark a run that had started as interrupted (its newest
-        checkpoint stands); a folder it cannot write is left as it is."""
-        if not self.dist.is_main:
-            return
-        try:
-            summary = self.run.summary()
-            if summary is not None and summary.get("status") == RUNNING:
-                self.run.write_summary({**summary, "status": INTERRUPTED, "stop_reason": why})
-        except (OSError, UserError):
-            pass
-
-    def lost_peers(self, lost: list[int], exc: RuntimeError, resume: str | None) -> str:
-        """What a rank says when ``lost`` (ranks on its machine whose process ended; none: on another machine)
-        broke a collective: who, when, and which checkpoint a restart or a rerun continues from."""
-        ranks, pids = ", ".join(map(str, lost)), ", ".join(str(self.dist.peers[r][1]) for r in lost)
-        who = (
-            f"lost rank {ranks} (PID {pids} on {socket.gethostname()} ended: killed, or out of memory?)"
-            if lost
-            else f"lost a rank on another machine ({clipped(first_line(exc), 160)})"
-        )
-        try:
-            latest = read_pointer(self.run.checkpoints, "latest")
-        except CheckpointError:
-            latest = None
-        where = f"checkpoint {latest.name}" if latest is not None else "the start (no checkpoint yet)"
-        left = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)) - int(
-            os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)
-        )
-        if resume != "auto":
-            then = f"rerun with --resume auto to continue from {where} (a restart without it refuses the run it finds)"
-        elif left > 0:
-            then = f"torchrun restarts the group ({left} restart(s) left) and --resume auto continues from {where}"
-        else:
-            then = f"rerun with --resume auto to continue from {where} (torchrun --max-restarts=N does it by itself)"
-        return f"{who} at step {self.progress.step}; rank {self.dist.rank} stops too: {then}"
+    @property
+    def run(self) -> RunDir:
+        return self.ledger.run
 
     def release(self) -> None:
-        """Let the run directory go (a killed process lets go too: the kernel drops its lock)."""
+        """Close the reader and let the run directory go (a killed process lets go too: the kernel drops its lock)."""
         if self.reader is not None:
             self.reader.close()
-        if self.lock is not None:
-            self.lock.release()
-            self.lock = None
+        self.ledger.release()
 
     # ------------------------------------------------------------------ the loop
 
@@ -505,15 +377,15 @@ class Trainer:
         """The training steps; returns the run's status and why it stopped short (None: completed)."""
         p, status, reason = self.progress, COMPLETED, None
         while p.step < self.total_steps:
-            lr = self.lr_at(p.step)
+            lr = self.scheduled_lr(p.step)
             set_lr(self.optimizer, lr)
             loss_sum, grad_norm, skipped = self.first_step() if self.first_step_seconds is None else self.train_step()
-            self.divergence.record(skipped)
-            self.window.add(loss_sum, self.reader.accum)
+            self.watch.divergence.record(skipped)
+            self.watch.window.add(loss_sum, self.reader.accum)
             p.step += 1
             p.tokens += self.cfg.tokens_per_step
-            self.bar.update(1)
-            self.throughput.step_done(p.step)
+            self.watch.bar.update(1)
+            self.watch.throughput.step_done(p.step)
             stopping = self.dist.any_flag(stop.requested)  # every step: training time, not a pause
             evaluate, save = self.should_evaluate(p.step), self.should_checkpoint(p.step) or stopping
             record = self.log_record(lr, loss_sum, grad_norm) if self.should_log(p.step) else None
@@ -525,7 +397,7 @@ class Trainer:
                 break
             if evaluate:
                 record = record or {"step": p.step, "tokens": p.tokens, "lr": lr}
-            with self.throughput.paused(self.dist.synchronize) if evaluate or save else contextlib.nullcontext():
+            with self.watch.throughput.paused(self.dist.synchronize) if evaluate or save else contextlib.nullcontext():
                 is_best = evaluate and self.validate(record)
                 self.log(record)
                 if save or is_best:
@@ -539,7 +411,7 @@ class Trainer:
                 break
         return status, reason
 
-    def lr_at(self, step: int) -> float:
+    def scheduled_lr(self, step: int) -> float:
         o = self.cfg.optim
         return lr_at(
             step,
@@ -583,9 +455,9 @@ class Trainer:
         out = self.train_step()
         self.dist.synchronize()
         self.first_step_seconds = time.perf_counter() - began
-        self.throughput.restart(self.progress.step + 1)
+        self.watch.throughput.restart(self.progress.step + 1)
         if self.fast.compile and self.dist.is_main:
-            self.bar.write(
+            self.watch.bar.write(
                 f"torch.compile: the first step took {self.first_step_seconds:.1f} s (compiling); "
                 "tokens/s leaves it out",
                 file=sys.stderr,
@@ -608,10 +480,12 @@ class Trainer:
         log step's own."""
         p, dist = self.progress, self.dist
         last = (dist.all_sum(loss_sum) / (self.reader.accum * dist.world_size)).item()
-        mean_loss = self.window.take(dist.all_sum)
-        rate = self.throughput.since_last_log(p.step)
+        mean_loss = self.watch.window.take(dist.all_sum)
+        rate = self.watch.throughput.since_last_log(p.step)
         self.last_train_loss = mean_loss
-        self.bar.set_postfix(loss=f"{mean_loss:.4f}", tok_s="-" if rate is None else f"{rate:,.0f}", refresh=False)
+        self.watch.bar.set_postfix(
+            loss=f"{mean_loss:.4f}", tok_s="-" if rate is None else f"{rate:,.0f}", refresh=False
+        )
         return {
             "step": p.step,
             "tokens": p.tokens,
@@ -620,16 +494,16 @@ class Trainer:
             "lr": lr,
             "grad_norm": float(grad_norm),
             "tokens_per_s": rate,
-            "elapsed_s": p.elapsed + self.throughput.seconds(),
+            "elapsed_s": p.elapsed + self.watch.throughput.seconds(),
         }
 
     def check_divergence(self, record: dict | None) -> str | None:
         """Read the divergence counters into the progress (and ``record``); why the run diverged, or None."""
         p = self.progress
-        p.nonfinite_total, p.nonfinite_run, crossed_at = self.divergence.counts()
+        p.nonfinite_total, p.nonfinite_run, crossed_at = self.watch.divergence.counts()
         if record is not None:
             record["nonfinite_steps"] = p.nonfinite_total
-        verdict = self.divergence.reason(crossed_at, p.step, record["train_loss"] if record else None)
+        verdict = self.watch.divergence.reason(crossed_at, p.step, record["train_loss"] if record else None)
         if verdict is None:
             return None
         reason, self.diverged_at = verdict
@@ -655,8 +529,8 @@ class Trainer:
         return False
 
     def log(self, record: dict | None) -> None:
-        if record is not None and self.metrics is not None:
-            self.metrics.log(record)
+        if record is not None and self.watch.metrics is not None:
+            self.watch.metrics.log(record)
 
     # ------------------------------------------------------- checkpoints, the end
 
@@ -672,14 +546,14 @@ class Trainer:
                 "val_loss": p.last_val,
                 "best_val_loss": p.best_val_loss,
                 "elapsed_seconds": state["progress"]["elapsed"],
-                "segments": self.segments,
+                "segments": self.ledger.segments,
             }
             path = save_checkpoint(
                 self.run.checkpoints,
                 p.step,
                 self.model,
                 state=state,
-                config_yaml=self.config_yaml,
+                config_yaml=self.ledger.config_yaml,
                 info=info,
                 keep_last=self.cfg.train.keep_last,
                 is_best=is_best,
@@ -708,14 +582,14 @@ class Trainer:
             "steps": p.step,
             "total_steps": self.total_steps,
             "tokens": p.tokens,
-            "wall_seconds": p.elapsed + self.throughput.seconds(),
-            "tokens_per_s": self.throughput.steady(p.step),
+            "wall_seconds": p.elapsed + self.watch.throughput.seconds(),
+            "tokens_per_s": self.watch.throughput.steady(p.step),
             "final_train_loss": self.last_train_loss,
             "best_val_loss": p.best_val_loss,
             "best_val_step": p.best_step,
-            "nonfinite_steps": self.divergence.counts()[0],
+            "nonfinite_steps": self.watch.divergence.counts()[0],
             "diverged_at_step": self.diverged_at if status == DIVERGED else None,
-            "n_params": self.n_params,
+            "n_params": self.model.num_params(),  # a tied weight once, vocabulary padding not at all
             "n_params_outside_norms": self.model.num_params(norms=False),
             "norm_type": cfg.model.norm_type,
             "seed": cfg.train.seed,
@@ -726,30 +600,20 @@ class Trainer:
             "device": device_name(dist.device),
             **peak_memory(dist.device),
             **self.token_ranges(),
-            "segments": self.segments,  # every process's fingerprint: versions, hardware, data, code
+            "segments": self.ledger.segments,  # every process's fingerprint: versions, hardware, data, code
         }
 
     def finish(self, status: str, reason: str | None, stop: StopFlag | None = None) -> dict:
         """Close the progress bar and the sinks; rank 0 waits for the uploads (bounded once a stop signal
         came), writes summary.json and the final charts, and says in one line how the run ended."""
-        self.bar.close()
+        self.watch.bar.close()
         summary = self.summary(status, reason)
         if self.dist.is_main:
             final = self.last_checkpoint if status == COMPLETED else None
             problems = [hook.finished(status, final, summary, stop) for hook in self.hooks]
             if stop is not None and stop.hurry:
                 problems.append("a second stop signal: nothing waited for after the checkpoint")
-            try:
-                self.run.write_summary(summary)
-            except OSError as e:  # the disk that stopped the checkpoint: say so in the same line
-                problems.append(f"{self.run.summary_file.name} not written: {os_reason(e)}")
-            self.metrics.close(summary)
-            problems = "; ".join(x for x in problems if x)
-            if status != COMPLETED:
-                print(
-                    f"{status} at step {self.progress.step}: {reason}" + (f" ({problems})" if problems else ""),
-                    file=sys.stderr,
-                )
-            elif problems:
-                print(f"warning: {problems}", file=sys.stderr)
+            problems.append(self.ledger.write_summary(summary))  # a disk that stopped the checkpoint: in the line
+            self.watch.metrics.close(summary)
+            self.ledger.say_end(status, reason, self.progress.step, problems)
         return summary

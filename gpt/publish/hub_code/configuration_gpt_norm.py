@@ -26,8 +26,6 @@ class GPTNormConfig(PretrainedConfig):
         n_layer=12,
         n_head=12,
         norm_type="handrolled_layernorm",
-        norm_eps=1e-5,
-        dyt_alpha_init=0.5,
         qkv_bias=False,
         tie_word_embeddings=False,
         initializer_range=0.02,
@@ -41,9 +39,9 @@ class GPTNormConfig(PretrainedConfig):
         self.n_embd = n_embd
         self.n_layer = n_layer
         self.n_head = n_head
-        self.norm_type = norm_type  # one of norms.NORM_TYPES
-        self.norm_eps = norm_eps
-        self.dyt_alpha_init = dyt_alpha_init
+        # one of norms.NORM_TYPES; its parameters (norms.NORM_PARAMS: norm_eps, dyt_alpha_init, ...) come as
+        # keyword arguments and stay attributes: make_norm reads them, with its defaults where absent
+        self.norm_type = norm_type
         self.qkv_bias = qkv_bias
         self.initializer_range = initializer_range
         self.use_cache = kwargs.pop("use_cache", True)  # keep the keys and values of the tokens read

@@ -19,6 +19,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .configuration_gpt_norm import GPTNormConfig
 from .gpt import GPT
+from .norms import norm_param_values
 
 
 def harness_model_config(config: GPTNormConfig) -> SimpleNamespace:
@@ -35,8 +36,7 @@ def harness_model_config(config: GPTNormConfig) -> SimpleNamespace:
         tie_weights=config.tie_word_embeddings,
         init="gpt2",
         norm_type=config.norm_type,
-        norm_eps=config.norm_eps,
-        dyt_alpha_init=config.dyt_alpha_init,
+        **norm_param_values(config),  # norm_eps, dyt_alpha_init, ...: the registry's keys
     )
 
 

@@ -9,12 +9,12 @@ import pytest
 import torch
 from conftest import CONFIGS, ROOT
 
-from gpt.analysis.mfu import mfu, peak_tflops, percentile, step_stats
-from gpt.analysis.timing import with_ratios
 from gpt.config import ModelConfig, load_config
 from gpt.model.gpt import GPT
 from gpt.run.distributed import Dist
-from gpt.training.micro_batch import fits_in_memory, largest_fitting, micro_batch_plan
+from gpt.speed.mfu import mfu, peak_tflops, percentile, step_stats
+from gpt.speed.micro_batch import fits_in_memory, largest_fitting, micro_batch_plan
+from gpt.speed.timing import with_ratios
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 STEP_FIELDS = {
@@ -38,7 +38,7 @@ STEP_FIELDS = {
     "flops_per_token",
     "mfu",
     "peak_tflops",
-    "peak_rss_bytes",  # on the CPU (the resident set); on a GPU, peak_cuda_allocated_bytes (tests/test_cuda.py)
+    "peak_rss_bytes",  # on the CPU (the resident set); on a GPU, peak_cuda_allocated_bytes (tests/speed/test_cuda.py)
     "first_step_s",
     "compile_s",
     "time_vs_handrolled_layernorm",
@@ -212,7 +212,7 @@ def test_a_norm_row_times_windows_of_many_passes_and_divides_by_their_number(mon
     # quarter of the 20 ms window), so each window holds 20 passes, and the time given is one pass's
     from types import SimpleNamespace
 
-    from gpt.analysis import timing as benchmark
+    from gpt.speed import timing as benchmark
 
     clock, passes = [0.0], []
 
@@ -234,8 +234,8 @@ def test_a_norm_row_times_windows_of_many_passes_and_divides_by_their_number(mon
 
 
 def test_rows_are_kept_as_they_come_and_a_failing_row_does_not_end_the_run(tmp_path, monkeypatch):
-    from gpt.analysis import timing as benchmark
-    from gpt.commands.bench import append_to, table
+    from gpt.speed import timing as benchmark
+    from gpt.speed.rows import append_to, table
 
     real = benchmark.time_norm
 
@@ -346,7 +346,7 @@ def test_gpu_check_without_a_gpu_says_so_in_one_line(tmp_path):
 
 
 def test_generation_rows_time_the_cache_against_none(train_yaml):
-    from gpt.analysis.timing import generation_rows
+    from gpt.speed.timing import generation_rows
 
     cfg = load_config(train_yaml("gen"), ["model.context_length=64"])
     rows = generation_rows(

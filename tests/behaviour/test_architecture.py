@@ -19,11 +19,13 @@ import pytest
 from conftest import ROOT
 
 from gpt.publish.layouts import MODEL_FILES
+from gpt.run.directory import CHARTS
 
 PACKAGE = ROOT / "gpt"
 
 # Lowest first: a wing may import its own modules and those of the wings before it.
-WINGS = ["common", "config", "model", "data", "run", "evaluation", "training", "publish", "analysis", "commands"]
+WINGS = ["common", "config", "model", "data", "run", "evaluation", "training", "speed", "publish", "analysis",
+         "sweep", "commands"]  # fmt: skip
 TORCH_FREE = ["common", "config"]  # checked before anything heavy loads
 SHIPPED = [f"model.{name.removesuffix('.py')}" for name in MODEL_FILES]  # copied verbatim to the Hub
 SHARED_BY_COMMANDS = "commands.cli"  # the one module of commands/ that commands import
@@ -36,9 +38,7 @@ RUN_DIR_FILES = {
     "checkpoints",
     "hub.json",
     ".hub-staging",
-    "loss.png",
-    "lr.png",
-    "grad_norm.png",
+    *(chart.file for chart in CHARTS),  # loss.png, lr.png, grad_norm.png: the per-step charts, declared there
     "comparison.json",
     "eval-",
 }
@@ -176,7 +176,7 @@ def names_spelled_outside_their_owner(package: Path) -> dict[str, set[str]]:
 STREAMS = {
     "training.metrics:Metrics.__init__": "metrics.jsonl, one record appended per log step; a torn last line is "
     "dropped on reading (RunDir.metrics)",
-    "analysis.stages:_run": "a GPU-check stage's log, which its child process writes as it runs",
+    "speed.stages:_run": "a GPU-check stage's log, which its child process writes as it runs",
     "data.encode:_write_splits": "the split files, written into the temporary folder that prepare() renames "
     "into place whole (replacing_folder)",
     "run.lock:RunLock.__init__": "the lock file (flock) and a probe that proves the folder writable",
@@ -346,6 +346,30 @@ def test_no_two_modules_differ_only_by_a_suffix():
     ]
 
 
+MAX_COMMAND_LINES = 120  # a command reads its arguments and calls its wing; more is logic that belongs there
+
+
+def long_commands(package: Path) -> list[str]:
+    """Every module of ``package``'s commands/ over ``MAX_COMMAND_LINES`` lines (cli.py included)."""
+    return [
+        f"gpt/commands/{path.name}: {n} lines"
+        for path in sorted((package / "commands").glob("*.py"))
+        if (n := len(path.read_text().splitlines())) > MAX_COMMAND_LINES
+    ]
+
+
+def test_commands_stay_thin():
+    assert long_commands(PACKAGE) == []
+
+
+def test_the_size_check_catches_a_long_command(tmp_path):
+    body = "".join(f"x{i} = {i}\n" for i in range(MAX_COMMAND_LINES))
+    pkg = write_package(
+        tmp_path, {"commands/__init__.py": "", "commands/short.py": body, "commands/long.py": body + "y = 0\n"}
+    )
+    assert long_commands(pkg) == [f"gpt/commands/long.py: {MAX_COMMAND_LINES + 1} lines"]
+
+
 FRONT_DOORS = [ROOT / "train.py", ROOT / "evaluate.py", *sorted((ROOT / "scripts").glob("*.py"))]
 
 
@@ -480,3 +504,15 @@ def test_the_checks_catch_a_write_that_bypasses_the_atomic_writer(tmp_path):
         "analysis.table:save: fig.savefig(out / 'loss.png')",
         "analysis.table:Sink.__init__: open(path, 'a')",
     ]
+
+
+def test_the_tests_are_laid_out_like_the_package():
+    # a change's tests sit where its code does: tests/<wing>/, and the cross-cutting suites in tests/behaviour/
+    tests = ROOT / "tests"
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and p.name not in ("__pycache__", "fixtures")}
+    assert folders <= {*WINGS, "behaviour"}, (
+        f"test folders that are not wings: {sorted(folders - {*WINGS, 'behaviour'})}"
+    )
+    assert sorted(p.name for p in tests.glob("test_*.py")) == [], "a test file belongs in its wing's folder"
+    names = [p.name for p in tests.glob("*/test_*.py")]
+    assert len(names) == len(set(names)), "two test files share a name (pytest imports them by name)"

@@ -9,9 +9,9 @@ import pytest
 from conftest import ROOT
 from safetensors.torch import load_file
 
-from gpt.analysis.experiment import run_sweep
 from gpt.common.errors import UserError
 from gpt.run.directory import find_checkpoint
+from gpt.sweep.launch import run_sweep
 
 pytestmark = pytest.mark.slow
 

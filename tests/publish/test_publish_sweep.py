@@ -14,7 +14,7 @@ from test_hub import IDS, our_logits, run_py
 from gpt.analysis.table import compare
 from gpt.commands.cli import standard_hooks
 from gpt.config import load_config
-from gpt.evaluation.test_loss import EvalOptions, evaluate_checkpoint
+from gpt.evaluation.held_out import EvalOptions, evaluate_checkpoint
 from gpt.publish.sync import Item, collection_changes
 from gpt.run.directory import COMPLETED, RunDir
 from gpt.run.distributed import setup
@@ -90,7 +90,7 @@ def test_a_sweep_becomes_models_a_dataset_and_a_collection(sweep, hub, tmp_path)
     local = folder / "tiny-comparison"
     assert data["comparison.json"] == (local / "comparison.json").read_bytes()  # byte for byte
     assert data["comparison.md"] == (local / "comparison.md").read_bytes()
-    assert {"test_loss.png", "val_loss.png", "runs.jsonl"} <= set(data)
+    assert {"test_loss.png", "loss.png", "runs.jsonl"} <= set(data)
     for name in ("tiny-pytorch-layernorm-s0", "tiny-no-norm-s0"):  # every run's record, the diverged one too
         for f in ("config.yaml", "summary.json", "metrics.jsonl"):
             assert data[f"runs/{name}/{f}"] == (folder / name / f).read_bytes()
@@ -184,7 +184,7 @@ def test_publishing_again_changes_nothing_and_a_new_seed_uploads_only_itself(swe
         "runs/tiny-pytorch-layernorm-s2/summary.json",
         "runs/tiny-pytorch-layernorm-s2/metrics.jsonl",
         "runs/tiny-pytorch-layernorm-s2/eval-test-fp32.json",
-    } | ({"train_loss.png", "val_loss.png", "grad_norm.png"} & changed)  # curves' charts redrawn with a third seed
+    } | ({"loss.png", "lr.png", "grad_norm.png"} & changed)  # curves' charts redrawn with a third seed
     ids = [i["id"] for i in the_collection(hub)["items"]]
     assert ids[:4] == ["me/tiny-comparison", *[f"me/tiny-pytorch-layernorm-s{s}" for s in (0, 1, 2)]]
 

@@ -182,8 +182,8 @@ def test_the_running_mark(train_yaml, tmp_path, monkeypatch):
 
 
 def test_evaluating_a_checkpoint_that_is_pruned_meanwhile(finished, monkeypatch, capsys):
-    from gpt.evaluation import test_loss as evaluation
-    from gpt.evaluation.test_loss import EvalOptions, evaluate_checkpoint
+    from gpt.evaluation import held_out as evaluation
+    from gpt.evaluation.held_out import EvalOptions, evaluate_checkpoint
     from gpt.run.distributed import Dist
 
     ckpt = finished / "checkpoints" / "step-00000010"
@@ -496,9 +496,9 @@ def test_preparation_faults_name_the_real_cause(tmp_path, capsys):
 
 
 def test_sweep_reads_the_run_not_torchruns_exit_status(tmp_path, train_yaml, monkeypatch):
-    from gpt.analysis import experiment as grid
+    from gpt.sweep import launch as grid
 
-    cell = grid.plan(train_yaml(), ["pytorch_layernorm"], [0], tmp_path / "runs")[0]
+    cell = grid.lay_out(train_yaml(), ["pytorch_layernorm"], [0], tmp_path / "runs")[0]
     cell.run.path.mkdir(parents=True)
 
     def torchrun_after_sigterm(command, **kwargs):  # torchrun says 1 for a clean SIGTERM of its workers

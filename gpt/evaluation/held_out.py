@@ -4,7 +4,7 @@ The loss itself is ``gpt.evaluation.token_loss.evaluate_loss`` (the trainer's va
 same function). This module decides which tokens it covers (the run config's test
 range, with evaluate.py's overrides), refuses a range that overlaps what the run trained
 or validated on, and writes the result as ``eval-<split>-<precision>.json`` through
-``gpt.run.directory``.
+``gpt.run.directory``. evaluate.py runs it as the task ``test_loss`` (``gpt.evaluation.tasks``).
 """
 
 from __future__ import annotations
@@ -205,3 +205,22 @@ def evaluate_hf(
         "step": None,
         **result,
     }
+
+
+def evaluate_hf_models(names: list[str], rows: list[dict], dist: Dist, options: EvalOptions, override: RangeOverride):
+    """``rows`` (the checkpoints' test losses) with each transformers GPT-2 of ``names`` appended, each scored on
+    the range of the first row (the first run's), else ``override``'s."""
+    for name in names:
+        rows.append(evaluate_hf(name, dist, rows[0] if rows else None, options, override))
+    return rows
+
+
+HEADER = f"{'run':<36}{'norm_type':<28}{'step':>7}{'split':>12}{'tokens scored':>15}{'prec':>6}{'loss':>11}{'ppl':>10}"
+
+
+def table_line(r: dict) -> str:
+    """A result as a row of evaluate.py's table (under ``HEADER``)."""
+    return (
+        f"{r['run']:<36}{r['norm_type']:<28}{str(r['step']):>7}{r['split']:>12}{r['targets_scored']:>15,}"
+        f"{r['precision']:>6}{r['loss']:>11.6f}{r['perplexity']:>10.2f}"
+    )

@@ -1,8 +1,5 @@
-"""A grid of runs (norm types x seeds): train, evaluate, compare; safe to rerun.
+"""Running a sweep (the cells of ``gpt.sweep.cells``): train, evaluate, compare; safe to rerun.
 
-Each cell has a predictable run directory, ``<runs_dir>/<config stem>-<norm-type>-s<seed>``
-(one seed for the initial weights and the data order), or, where the two are crossed to
-split the noise between them, ``<config stem>-<norm-type>-i<init seed>-s<data seed>``.
 A rerun skips cells that completed (or diverged: that is a result too), resumes cells
 that were interrupted or killed (``--resume auto``), evaluates cells that have no
 evaluation yet, and ends with the comparison of every cell.
@@ -17,88 +14,16 @@ from __future__ import annotations
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from gpt.analysis.table import compare
 from gpt.common.errors import UserError
-from gpt.config import Config, load_config
-from gpt.evaluation.test_loss import EvalOptions, evaluate_checkpoint
-from gpt.run.directory import COMPLETED, FINISHED, INTERRUPTED, RunDir, read_eval_result
+from gpt.evaluation.held_out import EvalOptions, evaluate_checkpoint
+from gpt.publish.release import outcome_problems, publish_sweep
+from gpt.run.directory import COMPLETED, FINISHED, INTERRUPTED, read_eval_result
 from gpt.run.distributed import setup
+from gpt.sweep.cells import Cell, comparison_folder, lay_out
 from gpt.training.loop import train
-
-
-@dataclass
-class Cell:
-    """One run of the grid."""
-
-    norm_type: str  # the norm type it trains
-    seed: int  # its train.seed (the data order; its cfg's model.init_seed, when set, the initial weights)
-    name: str  # its run.name, also its folder's name
-    cfg: Config  # its resolved config
-    overrides: list[str]  # the --set overrides that make the sweep's config this cell's
-
-    @property
-    def run(self) -> RunDir:
-        return RunDir(self.cfg.run_dir)
-
-
-def cell_name(config: Path, norm_type: str, seed: int, init_seed: int | None = None) -> str:
-    init = "" if init_seed is None else f"-i{init_seed}"
-    return f"{Path(config).stem}-{norm_type.replace('_', '-')}{init}-s{seed}"
-
-
-def seed_pairs(
-    seeds: list[int], init_seeds: list[int] | None = None, data_seeds: list[int] | None = None
-) -> list[tuple[int | None, int]]:
-    """(init seed, data seed) of each cell of one norm type: ``seeds`` as (None, seed), or, with both
-    ``init_seeds`` and ``data_seeds``, every pair of them crossed."""
-    if (init_seeds is None) != (data_seeds is None):
-        raise UserError(
-            "--init-seeds and --data-seeds go together: every initialisation seed is trained with every data-order seed"
-        )
-    if init_seeds is None:
-        return [(None, s) for s in seeds]
-    for flag, values in (("--init-seeds", init_seeds), ("--data-seeds", data_seeds)):
-        if len(set(values)) < 2:
-            raise UserError(
-                f"{flag} needs at least two different seeds to split the noise (got {' '.join(map(str, values))})"
-            )
-    return [(i, dist) for i in init_seeds for dist in data_seeds]
-
-
-def plan(
-    config: Path,
-    norm_types: list[str],
-    seeds: list[int],
-    runs_dir: Path,
-    overrides: list[str] = (),
-    seeds_for: dict[str, list[int]] | None = None,
-    init_seeds: list[int] | None = None,
-    data_seeds: list[int] | None = None,
-) -> list[Cell]:
-    """Every cell's resolved config, validated before anything runs. ``seeds_for`` gives some norm
-    types other seeds than ``seeds``; ``init_seeds`` with ``data_seeds`` cross the two instead."""
-    cells = []
-    for norm_type in norm_types:
-        for init, seed in seed_pairs((seeds_for or {}).get(norm_type, seeds), init_seeds, data_seeds):
-            name = cell_name(config, norm_type, seed, init)
-            cell_overrides = [
-                *overrides,
-                f"model.norm_type={norm_type}",
-                f"train.seed={seed}",
-                *([f"model.init_seed={init}"] if init is not None else []),
-                f"run.name={name}",
-                f"run.dir={Path(runs_dir) / name}",
-            ]
-            cells.append(Cell(norm_type, seed, name, load_config(config, cell_overrides), cell_overrides))
-    return cells
-
-
-def comparison_folder(config: Path, runs_dir: Path, out: Path | None = None) -> Path:
-    """Where the sweep's comparison goes: ``out``, or ``<runs_dir>/<config stem>-comparison``."""
-    return Path(out) if out is not None else Path(runs_dir) / f"{Path(config).stem}-comparison"
 
 
 def launcher(nproc: int) -> list[str]:
@@ -170,7 +95,7 @@ def run_sweep(
     ``init_seeds`` x ``data_seeds`` crossed) in ``runs_dir``, ``nproc`` processes per run, and compare the
     cells into ``out``; returns the comparison (None for a dry run, which only logs the commands).
     ``hooks_for(cfg)``: the hooks of a cell trained in this process (``gpt.commands.cli.standard_hooks``)."""
-    cells = plan(config, norm_types, seeds, runs_dir, overrides, seeds_for, init_seeds, data_seeds)
+    cells = lay_out(config, norm_types, seeds, runs_dir, overrides, seeds_for, init_seeds, data_seeds)
     out = comparison_folder(config, runs_dir, out)
     for i, cell in enumerate(cells, 1):
         status = cell.run.status()
@@ -207,3 +132,17 @@ def run_sweep(
     return compare(
         [c.run.path for c in cells], out, baseline, equivalence_margin=equivalence_margin, allow_differ=allow_differ
     )
+
+
+def publish_grid(
+    config: Path, runs_dir: Path, out: Path | None, namespace: str, prefix: str | None, dry_run: bool
+) -> None:
+    """Publish a sweep's runs and comparison under ``namespace`` (``gpt.publish.release.publish_sweep``); a dry
+    run prints the command that would, as it prints the others (nothing is trained yet)."""
+    comparison = comparison_folder(config, runs_dir, out)
+    if dry_run:
+        publish = ["scripts/publish_sweep.py", str(runs_dir), "--namespace", namespace]
+        publish += ["--comparison", str(comparison), *(["--prefix", prefix] if prefix else [])]
+        print(shlex.join([sys.executable, *publish]))
+    else:
+        outcome_problems(publish_sweep(runs_dir, namespace, prefix=prefix, comparison=comparison))

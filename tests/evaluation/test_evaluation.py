@@ -1,4 +1,4 @@
-"""evaluate.py and gpt.evaluation.test_loss: exactness, determinism, world sizes, disjoint ranges, bad input."""
+"""evaluate.py and gpt.evaluation.held_out: exactness, determinism, world sizes, disjoint ranges, bad input."""
 
 import json
 import math
@@ -15,7 +15,7 @@ from conftest import ROOT
 from gpt.common.errors import UserError
 from gpt.config import load_config
 from gpt.data.tokens import TokenFile, TokenRange
-from gpt.evaluation.test_loss import EvalOptions, RangeOverride, evaluate_checkpoint
+from gpt.evaluation.held_out import EvalOptions, RangeOverride, evaluate_checkpoint
 from gpt.evaluation.token_loss import evaluate_loss
 from gpt.model.gpt import GPT
 from gpt.run.directory import find_checkpoint, read_eval_result, resolve_which
@@ -142,7 +142,7 @@ def test_bad_paths(trained, tmp_path):
 def test_hf_gpt2_is_scored_on_the_same_tokens(tmp_path, token_set):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from gpt.evaluation.test_loss import evaluate_hf
+    from gpt.evaluation.held_out import evaluate_hf
 
     torch.manual_seed(0)
     hf = GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=32, n_embd=32, n_layer=2, n_head=2)).eval()

@@ -13,7 +13,7 @@ from conftest import ROOT, write_token_set
 
 from gpt.config import load_config
 from gpt.data.tokens import DataError, open_split, sample_digest
-from gpt.evaluation.test_loss import evaluate_checkpoint
+from gpt.evaluation.held_out import evaluate_checkpoint
 from gpt.run import fastpath
 from gpt.run.checkpoints import CheckpointError
 from gpt.run.distributed import Dist

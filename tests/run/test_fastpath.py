@@ -2,7 +2,7 @@
 
 Each option is trained off and on from the same config; the per-step losses must agree
 within the precision's tolerance. The GPU-only options (TF32, pinned memory, the CUDA
-kernels) are in tests/test_cuda.py.
+kernels) are in tests/speed/test_cuda.py.
 """
 
 import json

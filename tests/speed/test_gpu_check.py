@@ -15,12 +15,12 @@ import pytest
 from conftest import CONFIGS, ROOT
 from synthetic import no_sync_between_log_steps
 
-from gpt.analysis.stages import Stage, budget_lines, run_stages
-from gpt.analysis.test_progress import results_of_tests
-from gpt.commands.gpu_check import FILES, check, plan, select
 from gpt.common.files import process_alive
 from gpt.config import load_config
 from gpt.model.gpt import GPT
+from gpt.speed.gpu_check import FILES, check, check_stages, select
+from gpt.speed.stages import Stage, budget_lines, run_stages
+from gpt.speed.test_progress import results_of_tests
 from gpt.training.loop import Trainer, train
 
 
@@ -156,12 +156,12 @@ def test_a_stage_past_its_limit_is_stopped_with_its_children(tmp_path):
 
 
 def test_plan_and_selection(tmp_path):
-    full = plan(tmp_path, ROOT / "tests" / "test_cuda.py", CONFIGS / "gpt2-small.yaml", quick=False)
+    full = check_stages(tmp_path, ROOT / "tests" / "speed" / "test_cuda.py", CONFIGS / "gpt2-small.yaml", quick=False)
     assert [s.name for s in full] == ["norms", "eager", "tests", "compiled", "micro_batch"]
     compiled = next(s for s in full if s.name == "compiled").command
     assert compiled[compiled.index("--norm-types") + 1 :][:2] == ["pytorch_layernorm", "handrolled_layernorm"]
     assert len(compiled[compiled.index("--norm-types") + 1 :]) == 7
-    quick = plan(tmp_path, ROOT / "tests" / "test_cuda.py", CONFIGS / "gpt2-small.yaml", quick=True)
+    quick = check_stages(tmp_path, ROOT / "tests" / "speed" / "test_cuda.py", CONFIGS / "gpt2-small.yaml", quick=True)
     assert [s.name for s in quick] == ["eager", "tests", "compiled"]
     tests = next(s for s in quick if s.name == "tests").command
     assert tests[-2:] == ["-k", "mixed_precision or exact_resume or flash_attention"]
@@ -193,8 +193,8 @@ time.sleep(1000)
 CHECK = """
 import json, sys
 from pathlib import Path
-from gpt.analysis.stages import Stage
-from gpt.commands.gpu_check import check
+from gpt.speed.stages import Stage
+from gpt.speed.gpu_check import check
 stages = [Stage(**s) for s in json.loads(sys.argv[2])]
 sys.exit(check(Path(sys.argv[1]), stages, budget_s=120.0, env=["stand-in machine"], reserve_s=1.0))
 """
@@ -314,8 +314,8 @@ def test_the_tests_stage_cut_by_time_reports_what_ran_and_fails_only_on_a_failed
     tests = tmp_path / "test_stand_in.py"
     tests.write_text(STAND_IN_TESTS.format(fails="False" if fails else "True"))
     out = tmp_path / "out"
-    stage = next(s for s in plan(out, tests, CONFIGS / "gpt2-small.yaml", quick=False) if s.name == "tests")
-    assert stage.command[-3:] == ["gpt.analysis.test_progress", "-v", "-ra"]
+    stage = next(s for s in check_stages(out, tests, CONFIGS / "gpt2-small.yaml", quick=False) if s.name == "tests")
+    assert stage.command[-3:] == ["gpt.speed.test_progress", "-v", "-ra"]
     stage = dataclasses.replace(stage, min_s=1.0, max_s=8.0, env={**stage.env, "PYTHONPATH": str(ROOT)})
     code = check(out, [stage], budget_s=60.0, env=[], reserve_s=1.0)
     summary = (out / "summary.txt").read_text()
@@ -340,7 +340,9 @@ def test_the_test_report_reads_pytest_and_the_test_files_own_runner():
 
 def test_every_stage_compiles_into_the_one_cache(tmp_path):
     cache = tmp_path / "cache"
-    stages = plan(tmp_path, ROOT / "tests" / "test_cuda.py", CONFIGS / "gpt2-small.yaml", quick=False, cache_dir=cache)
+    stages = check_stages(
+        tmp_path, ROOT / "tests" / "speed" / "test_cuda.py", CONFIGS / "gpt2-small.yaml", quick=False, cache_dir=cache
+    )
     wanted = {
         "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
         "TRITON_CACHE_DIR": str(cache / "triton"),
@@ -356,7 +358,7 @@ def test_every_stage_compiles_into_the_one_cache(tmp_path):
 def test_the_budget_plan_gives_the_tests_their_minimum_even_after_every_cap():
     # the defaults, as the docstring states them: a full check leaves the tests >= 180 s, --quick >= 70 s
     for quick, budget, least in [(False, 400, 180), (True, 180, 70)]:
-        stages = plan(ROOT, ROOT / "tests" / "test_cuda.py", CONFIGS / "gpt2-small.yaml", quick=quick)
+        stages = check_stages(ROOT, ROOT / "tests" / "speed" / "test_cuda.py", CONFIGS / "gpt2-small.yaml", quick=quick)
         lines = budget_lines(stages, budget, spent_s=8.0)  # the environment's probe
         limits = {line.split()[0]: line.split()[3] for line in lines[2:]}
         assert int(limits["tests"]) >= least and "skipped" not in limits.values(), lines
@@ -397,7 +399,7 @@ def test_the_check_imports_nothing_absent_from_the_gpu_machine(tmp_path):
             "gpt.commands.gpu_check",
             str(out),
             "--tests",
-            str(ROOT / "tests" / "test_cuda.py"),
+            str(ROOT / "tests" / "speed" / "test_cuda.py"),
             "--config",
             str(tiny),
             "--stages",

@@ -1,10 +1,10 @@
 """What a run of tests reached, read from its log: which passed, failed or were skipped, which one was
 running when the run was cut short, and which never ran.
 
-Loaded as a pytest plugin (``pytest -p gpt.analysis.test_progress``), this module writes each collected
+Loaded as a pytest plugin (``pytest -p gpt.speed.test_progress``), this module writes each collected
 test's id before any runs (``WILL_RUN``), so ``results_of_tests`` can tell from a ``pytest -v`` log which
 tests a run cut short never reached. The GPU check's tests stage reads its log with it
-(``gpt.analysis.stages.Stage.findings``).
+(``gpt.speed.stages.Stage.findings``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import re
 
 WILL_RUN = "== will run: "  # the plugin's line per collected test
 
-# pytest -v: "tests/test_cuda.py::test_x PASSED   [ 10%]"; the file run as a script: "PASSED test_x"
+# pytest -v: "tests/speed/test_cuda.py::test_x PASSED   [ 10%]"; the file run as a script: "PASSED test_x"
 _RESULT = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", re.M)
 _SCRIPT_RESULT = re.compile(r"^(PASSED|FAILED|SKIPPED) (test_\w+)", re.M)
 _STARTED = re.compile(r"^(\S+::\S+)", re.M)  # pytest -v names a test as it starts it

@@ -174,8 +174,8 @@ def gpt2_vocab_run(tmp_path_factory):
 
 def test_evaluate_task_hellaswag_keeps_its_result_and_test_loss_is_unchanged(gpt2_vocab_run, tmp_path):
     from gpt.commands.evaluate import main
+    from gpt.evaluation.held_out import evaluate_checkpoint
     from gpt.evaluation.hellaswag import METRICS
-    from gpt.evaluation.test_loss import evaluate_checkpoint
     from gpt.run.directory import find_checkpoint
 
     sample = write_sample(tmp_path / "sample.jsonl")

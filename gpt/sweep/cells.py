@@ -1,0 +1,88 @@
+"""The layout of a sweep: which runs (cells) a grid of norm types x seeds holds, and their names.
+
+Each cell has a predictable run directory, ``<runs_dir>/<config stem>-<norm-type>-s<seed>``
+(one seed for the initial weights and the data order), or, where the two are crossed to
+split the noise between them, ``<config stem>-<norm-type>-i<init seed>-s<data seed>``.
+Every cell's config is resolved and validated here, before anything runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpt.common.errors import UserError
+from gpt.config import Config, load_config
+from gpt.run.directory import RunDir
+
+
+@dataclass
+class Cell:
+    """One run of the grid."""
+
+    norm_type: str  # the norm type it trains
+    seed: int  # its train.seed (the data order; its cfg's model.init_seed, when set, the initial weights)
+    name: str  # its run.name, also its folder's name
+    cfg: Config  # its resolved config
+    overrides: list[str]  # the --set overrides that make the sweep's config this cell's
+
+    @property
+    def run(self) -> RunDir:
+        return RunDir(self.cfg.run_dir)
+
+
+def cell_name(config: Path, norm_type: str, seed: int, init_seed: int | None = None) -> str:
+    init = "" if init_seed is None else f"-i{init_seed}"
+    return f"{Path(config).stem}-{norm_type.replace('_', '-')}{init}-s{seed}"
+
+
+def seed_pairs(
+    seeds: list[int], init_seeds: list[int] | None = None, data_seeds: list[int] | None = None
+) -> list[tuple[int | None, int]]:
+    """(init seed, data seed) of each cell of one norm type: ``seeds`` as (None, seed), or, with both
+    ``init_seeds`` and ``data_seeds``, every pair of them crossed."""
+    if (init_seeds is None) != (data_seeds is None):
+        raise UserError(
+            "--init-seeds and --data-seeds go together: every initialisation seed is trained with every data-order seed"
+        )
+    if init_seeds is None:
+        return [(None, s) for s in seeds]
+    for flag, values in (("--init-seeds", init_seeds), ("--data-seeds", data_seeds)):
+        if len(set(values)) < 2:
+            raise UserError(
+                f"{flag} needs at least two different seeds to split the noise (got {' '.join(map(str, values))})"
+            )
+    return [(i, dist) for i in init_seeds for dist in data_seeds]
+
+
+def lay_out(
+    config: Path,
+    norm_types: list[str],
+    seeds: list[int],
+    runs_dir: Path,
+    overrides: list[str] = (),
+    seeds_for: dict[str, list[int]] | None = None,
+    init_seeds: list[int] | None = None,
+    data_seeds: list[int] | None = None,
+) -> list[Cell]:
+    """Every cell's resolved config, validated before anything runs. ``seeds_for`` gives some norm
+    types other seeds than ``seeds``; ``init_seeds`` with ``data_seeds`` cross the two instead."""
+    cells = []
+    for norm_type in norm_types:
+        for init, seed in seed_pairs((seeds_for or {}).get(norm_type, seeds), init_seeds, data_seeds):
+            name = cell_name(config, norm_type, seed, init)
+            cell_overrides = [
+                *overrides,
+                f"model.norm_type={norm_type}",
+                f"train.seed={seed}",
+                *([f"model.init_seed={init}"] if init is not None else []),
+                f"run.name={name}",
+                f"run.dir={Path(runs_dir) / name}",
+            ]
+            cells.append(Cell(norm_type, seed, name, load_config(config, cell_overrides), cell_overrides))
+    return cells
+
+
+def comparison_folder(config: Path, runs_dir: Path, out: Path | None = None) -> Path:
+    """Where the sweep's comparison goes: ``out``, or ``<runs_dir>/<config stem>-comparison``."""
+    return Path(out) if out is not None else Path(runs_dir) / f"{Path(config).stem}-comparison"

@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 from gpt.common.errors import UserError, quoted
 from gpt.common.files import copy_atomically, read_json, replacing, write_atomically, write_json
 from gpt.config import Config
-from gpt.data.tokenizer import gpt2_files_dir
+from gpt.data.tokenizer import OFFLINE, gpt2_files_dir
 from gpt.data.tokens import read_meta
 from gpt.evaluation.tasks import TASKS
 from gpt.publish.card import CardFacts, card_text
@@ -121,7 +121,7 @@ def export_checkpoint(
     group in a comparison; ``experiment``: its row in a sweep published whole (``gpt.publish.release``)."""
     cfg = checkpoint_config(ckpt)
     tokenizer = checkpoint_tokenizer(ckpt)
-    if tokenizer not in (None, "gpt2"):  # the export ships GPT-2's tokenizer files: a model of other ids would misread
+    if tokenizer in OFFLINE and tokenizer != "gpt2":  # the export ships GPT-2's tokenizer files
         raise UserError(
             f"{ckpt}: trained on {quoted(tokenizer)} tokens, and a published model carries GPT-2's tokenizer; "
             "publish models trained on GPT-2 tokens (prepare_data --tokenizer gpt2)"

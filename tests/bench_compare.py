@@ -21,7 +21,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from test_compare import hellaswag_result, make_run  # noqa: E402
+from analysis.test_compare import hellaswag_result, make_run  # noqa: E402
 
 from gpt.analysis.table import compare  # noqa: E402
 

@@ -13,8 +13,8 @@ import subprocess
 import tempfile
 
 import pytest
+from analysis.test_compare import make_run
 from conftest import ROOT
-from test_compare import make_run
 from test_faults import command, files_of, limit_file_size, one_line_error, run_cli
 
 from gpt.common.files import HOST, WriteError, replacing, replacing_folder, write_atomically

@@ -6,6 +6,7 @@ import math
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -103,7 +104,7 @@ def test_three_answers_equal_a_hand_computation(tmp_path, context_length):
 
 TWO_PROCESSES = """
 import json, sys
-sys.path.insert(0, sys.argv[2])
+sys.path[:0] = sys.argv[2:]  # this test file's folder and tests/ (its conftest)
 from test_hellaswag import model
 from gpt.data.tokenizer import get_tokenizer
 from gpt.evaluation.hellaswag import read_items, score_items
@@ -125,7 +126,8 @@ def test_one_process_and_two_give_the_same_results(tmp_path):
     script = tmp_path / "two.py"
     script.write_text(TWO_PROCESSES)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
-    out = subprocess.run([*cmd, str(sample), str(ROOT / "tests")], capture_output=True, text=True, timeout=300)
+    here = [str(Path(__file__).resolve().parent), str(ROOT / "tests")]
+    out = subprocess.run([*cmd, str(sample), *here], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == one  # bit for bit
 

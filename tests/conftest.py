@@ -8,6 +8,7 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 
 import pytest  # noqa: E402
 from hubserver import HubServer  # noqa: E402
+from sweep.slurm_fixtures import slurm_cluster, slurm_installed  # noqa: E402, F401
 from synthetic import CONFIGS, ROOT, VOCAB, write_meta, write_token_set, write_train_yaml  # noqa: E402, F401
 
 from gpt.config import ModelConfig  # noqa: E402

@@ -34,6 +34,8 @@ def markdown(result: dict) -> str:
     else:
         lines += shared_lines(result)
     lines += _main_table(result["groups"])
+    for f in result.get("failed") or []:
+        lines += ["", f"**Failed, no result:** {f['run']}: {f['error']}"]
     lines += [
         "",
         "Intervals: 95%, t distribution, by the design of the seeds (next section); 'paired' pairs runs by seed "

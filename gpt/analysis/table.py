@@ -651,11 +651,13 @@ def compare(
     tokens: int | None = None,
     offset: int | None = None,
     results: Path | None = None,
+    failed: dict[str, str] | None = None,
 ) -> dict:
     """Write comparison.md, comparison.json, runs.csv and the plots into ``out``; return the result. Runs that
     differ in more than the norm and the seeds are refused before anything is written, unless each differing
     key is named in ``vary`` (a group per value) or ``allow_differ`` (accepted, and said in the report).
-    ``results``: a results table (CSV) to compare instead of run directories."""
+    ``results``: a results table (CSV) to compare instead of run directories. ``failed``: runs that ended
+    without a result, each with its error (a sweep's failed cells), named in the report."""
     for flag, value in (("--equivalence-margin", equivalence_margin), ("--detect", detect)):
         if value is not None and not value > 0:
             raise UserError(f"{flag} {value} must be > 0 (a loss difference, e.g. 0.01)")
@@ -683,6 +685,7 @@ def compare(
         "allowed_to_differ": allowed,
         "varied": list(vary),
         "without_fingerprint": [r.path.name for r in runs if not r.fingerprinted] if results is None else [],
+        "failed": [{"run": name, "error": error} for name, error in (failed or {}).items()],
     }
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from gpt.common.bounded import leave
 from gpt.common.errors import UserError
-from gpt.config import Config, load_config
+from gpt.config import NORM_TYPES, Config, load_config
 from gpt.training.monitors import StopNow
 
 USER_ERROR_EXIT = 2
@@ -88,6 +88,17 @@ def add_overrides(parser: argparse.ArgumentParser, what: str = "one config value
         metavar="KEY=VALUE",
         help=f"override {what}, e.g. --set model.norm_type=pytorch_rmsnorm (repeatable; values are YAML scalars)",
     )
+
+
+def add_grid(parser: argparse.ArgumentParser, norm_types: list[str], seeds: list[int]) -> None:
+    """A grid's ``--norm-types`` (one of the registered norm types each) and ``--seeds``, with their defaults."""
+    every = "all" if list(norm_types) == list(NORM_TYPES) else " ".join(norm_types)
+    parser.add_argument(
+        "--norm-types", nargs="+", default=list(norm_types), choices=NORM_TYPES, metavar="NORM_TYPE",
+        help=f"default: {every} (of {', '.join(NORM_TYPES)})",
+    )  # fmt: skip
+    seeds_help = f"seeds of the initial weights and the data order together (default {' '.join(map(str, seeds))})"
+    parser.add_argument("--seeds", nargs="+", type=int, default=list(seeds), help=seeds_help)
 
 
 def config_from_args(args: argparse.Namespace) -> Config:

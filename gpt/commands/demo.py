@@ -19,8 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpt.commands.cli import command, parser_for, standard_hooks
-from gpt.config import NORM_TYPES as ALL_NORM_TYPES
+from gpt.commands.cli import add_grid, command, parser_for, standard_hooks
 
 # The demo's design (docs/: "The demo"): the write-up's pair, whose equivalence the demo tests, and no_norm,
 # which at this learning rate trains measurably worse; three seeds each, so every group has an interval.
@@ -34,21 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The command's arguments (``--help`` shows them)."""
     parser = parser_for(__doc__)
     parser.add_argument("--config", type=Path, default=Path("configs/demo.yaml"))
-    parser.add_argument(
-        "--norm-types",
-        nargs="+",
-        default=list(NORM_TYPES),
-        choices=ALL_NORM_TYPES,
-        metavar="NORM_TYPE",
-        help=f"(default: {' '.join(NORM_TYPES)})",
-    )
-    parser.add_argument(
-        "--seeds",
-        nargs="+",
-        type=int,
-        default=list(SEEDS),
-        help=f"seeds of every norm type (default {' '.join(map(str, SEEDS))})",
-    )
+    add_grid(parser, list(NORM_TYPES), list(SEEDS))
     parser.add_argument(
         "--equivalence-margin",
         type=float,

@@ -1,18 +1,21 @@
-"""Run a grid of norm types x seeds, evaluate every cell, compare them.
+"""Run a grid of norm types x seeds, evaluate every cell, compare them: here, or as SLURM jobs.
 
     python scripts/sweep.py configs/gpt2-small.yaml --norm-types handrolled_layernorm pytorch_layernorm \
         --seeds 0 1 2 [--nproc 8] [--set KEY=VALUE ...] [--dry-run]
     python scripts/sweep.py configs/tiny.yaml --norm-types pytorch_layernorm --init-seeds 0 1 2 --data-seeds 0 1 2
+    python scripts/sweep.py configs/gpt2-small.yaml --seeds 0 1 2 --launcher slurm --gpus-per-node 8 \
+        --time 04:00:00 --partition gpu [--nodes 2] [--slurm-opt KEY=VALUE ...] [--dry-run]
+    python scripts/sweep.py configs/gpt2-small.yaml --seeds 0 1 2 --status     (the cells' jobs and progress)
     python -m gpt.commands.sweep ...   /   gpt-sweep ...
 
-Cells run one after another (each under torchrun when --nproc > 1) in
-runs/<config>-<norm-type>-s<seed>; with --init-seeds and --data-seeds, every initialisation
-seed is crossed with every data-order seed (runs/<config>-<norm-type>-i<init>-s<data>), and
-the comparison splits each group's seed-to-seed variance between the two. Rerunning the
-same command skips finished cells and resumes interrupted ones. --dry-run prints the
-commands instead. --push-to-hub USER then publishes the whole sweep, as
-scripts/publish_sweep.py RUNS_DIR --namespace USER does (a model per run, the comparison as a
-dataset, one collection; a rerun uploads only what changed).
+Locally, cells run one after another (each under torchrun when --nproc > 1) in
+runs/<config>-<norm-type>-s<seed>; with --init-seeds and --data-seeds, every initialisation seed is
+crossed with every data-order seed (runs/<config>-<norm-type>-i<init>-s<data>), and the comparison
+splits each group's seed-to-seed variance between the two. With --launcher slurm, every cell is a task
+of one job array (checkpointed and requeued before its time limit) and a last job compares them when
+they have all ended (docs/cluster.md). Rerunning the same command skips finished cells, resumes (or
+leaves running) the others. --dry-run prints the commands or job scripts instead. --push-to-hub USER
+then publishes the whole sweep, as scripts/publish_sweep.py RUNS_DIR --namespace USER does.
 """
 
 from __future__ import annotations
@@ -21,63 +24,33 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpt.commands.cli import add_overrides, command, parser_for, standard_hooks
+from gpt.commands.cli import add_grid, add_overrides, command, parser_for, standard_hooks
 from gpt.config import NORM_TYPES
+from gpt.sweep.slurm import SlurmOptions
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command's arguments (``--help`` shows them)."""
     parser = parser_for(__doc__)
-    parser.add_argument("config", type=Path)
-    parser.add_argument(
-        "--norm-types",
-        nargs="+",
-        default=list(NORM_TYPES),
-        choices=NORM_TYPES,
-        metavar="NORM_TYPE",
-        help=f"default: all ({', '.join(NORM_TYPES)})",
-    )
-    seeds = "seeds of the initial weights and the data order together (default 0)"
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0], help=seeds)
-    parser.add_argument(
-        "--init-seeds",
-        nargs="+",
-        type=int,
-        metavar="SEED",
-        help="with --data-seeds: model.init_seed values, each crossed with every data seed",
-    )
-    parser.add_argument(
-        "--data-seeds",
-        nargs="+",
-        type=int,
-        metavar="SEED",
-        help="with --init-seeds: train.seed values (the data order)",
-    )
-    parser.add_argument("--nproc", type=int, default=1, help="processes per run (torchrun when > 1)")
-    parser.add_argument("--runs-dir", type=Path, default=Path("runs"))
+    add = parser.add_argument
+    add("config", type=Path)
+    add_grid(parser, list(NORM_TYPES), [0])
+    add("--init-seeds", nargs="+", type=int, metavar="SEED", help="model.init_seed values, crossed with --data-seeds")
+    add("--data-seeds", nargs="+", type=int, metavar="SEED", help="train.seed values, crossed with --init-seeds")
+    add("--nproc", type=int, help="processes per run and node (torchrun when > 1; default 1, or --gpus-per-node)")
+    add("--runs-dir", type=Path, default=Path("runs"))
     add_overrides(parser, "a config value of every cell")
-    parser.add_argument("--out", type=Path, help="comparison folder (default runs/<config>-comparison)")
-    parser.add_argument("--baseline", help="baseline group of the comparison")
-    parser.add_argument(
-        "--equivalence-margin",
-        type=float,
-        metavar="DELTA",
-        help="test each group's equivalence to the baseline within +-DELTA (see compare)",
-    )
-    parser.add_argument(
-        "--allow-differ",
-        action="append",
-        default=[],
-        metavar="KEY",
-        help="a config or fingerprint key the cells may differ in (see compare)",
-    )
-    parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
-    parser.add_argument(
-        "--push-to-hub",
-        metavar="USER",
-        help="then publish the sweep under this Hub namespace (scripts/publish_sweep.py; private repos)",
-    )
-    parser.add_argument("--hub-prefix", metavar="NAME", help="with --push-to-hub: its --prefix")
+    add("--out", type=Path, help="comparison folder (default runs/<config>-comparison)")
+    add("--baseline", help="baseline group of the comparison")
+    add("--equivalence-margin", type=float, metavar="DELTA", help="test equivalence within +-DELTA (see compare)")
+    add("--allow-differ", action="append", default=[], metavar="KEY", help="a key the cells may differ in (compare)")
+    add("--dry-run", action="store_true", help="print the commands (or the job scripts), run nothing")
+    add("--push-to-hub", metavar="USER", help="then publish the sweep under this Hub namespace (publish_sweep.py)")
+    add("--hub-prefix", metavar="NAME", help="with --push-to-hub: its --prefix")
+    add("--launcher", choices=("local", "slurm"), default="local", help="where the cells run (default local)")
+    add("--status", action="store_true", help="show each cell's job, state, step, last loss and requeues")
+    add("--in-job", metavar="PART", help=argparse.SUPPRESS)  # cell:INDEX or compare: what a SLURM job runs
+    SlurmOptions.add_arguments(parser)
     return parser
 
 
@@ -87,26 +60,30 @@ def main(argv: list[str] | None = None) -> int:
 
     from gpt.analysis.report import markdown
     from gpt.publish.release import check_repo_name
+    from gpt.sweep import cell_job, slurm
     from gpt.sweep.launch import publish_grid, run_sweep
+    from gpt.sweep.spec import SweepSpec
 
-    if args.push_to_hub:  # a name the Hub refuses stops here, not after the training
-        check_repo_name(f"{args.push_to_hub}/{args.hub_prefix + '-' if args.hub_prefix else ''}{args.config.stem}")
-    result = run_sweep(
-        args.config,
-        args.norm_types,
-        args.seeds,
-        args.runs_dir,
-        init_seeds=args.init_seeds,
-        data_seeds=args.data_seeds,
-        nproc=args.nproc,
-        overrides=args.overrides,
-        out=args.out,
-        baseline=args.baseline,
-        equivalence_margin=args.equivalence_margin,
-        allow_differ=args.allow_differ,
-        dry_run=args.dry_run,
-        hooks_for=standard_hooks,
-    )
+    spec = SweepSpec.from_args(args, nproc=args.nproc or args.gpus_per_node or 1)
+    folder = slurm.SweepFolder.of(spec.config, spec.runs_dir)
+    if args.status:
+        print(slurm.status_table(slurm.status_rows(spec.cells(), folder)))
+        return 0
+    if args.in_job is not None and args.in_job.startswith("cell:"):
+        return cell_job.run_cell_job(spec, int(args.in_job.removeprefix("cell:")), folder)
+    if args.in_job == "compare":
+        result = cell_job.compare_sweep(spec, folder)
+    elif args.launcher == "slurm":
+        slurm.submit_sweep(spec, folder, SlurmOptions.from_args(args), args.dry_run)
+        return 0
+    else:
+        if args.push_to_hub:  # a name the Hub refuses stops here, not after the training
+            check_repo_name(f"{args.push_to_hub}/{args.hub_prefix + '-' if args.hub_prefix else ''}{args.config.stem}")
+        result = run_sweep(
+            args.config, args.norm_types, args.seeds, args.runs_dir, init_seeds=args.init_seeds,
+            data_seeds=args.data_seeds, nproc=spec.nproc, overrides=args.overrides, out=args.out,
+            dry_run=args.dry_run, hooks_for=standard_hooks, **spec.compare_options(),
+        )  # fmt: skip
     if result is not None:
         print(markdown(result), end="")
         print(f"\nplots: {', '.join(result['plots'])}")

@@ -33,9 +33,10 @@ def launcher(nproc: int) -> list[str]:
     return [sys.executable, "-m"]
 
 
-def train_command(config: Path, cell: Cell, nproc: int) -> list[str]:
+def train_command(config: Path, cell: Cell, nproc: int, start: list[str] | None = None) -> list[str]:
+    """The command that trains (or resumes) ``cell``; ``start``: how to launch the module, if not ``launcher``."""
     sets = [a for o in cell.overrides for a in ("--set", o)]
-    return [*launcher(nproc), "gpt.commands.train", str(config), *sets, "--resume", "auto"]
+    return [*(start or launcher(nproc)), "gpt.commands.train", str(config), *sets, "--resume", "auto"]
 
 
 def evaluate_command(cell: Cell, nproc: int) -> list[str]:

@@ -180,6 +180,8 @@ STREAMS = {
     "data.encode:_write_splits": "the split files, written into the temporary folder that prepare() renames "
     "into place whole (replacing_folder)",
     "run.lock:RunLock.__init__": "the lock file (flock) and a probe that proves the folder writable",
+    "sweep.slurm:SweepFolder.record": "a SLURM sweep's events/<cell>.jsonl, one line appended per event of a job; "
+    "a torn line is skipped on reading (SweepFolder.events)",
 }
 WRITER = "common.files"  # the one module that writes files by hand
 GUARDS = ("replacing", "replacing_folder")  # inside `with replacing(...) as tmp:` a write goes to a temporary name

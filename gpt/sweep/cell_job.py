@@ -1,0 +1,127 @@
+"""What runs inside a sweep's SLURM jobs (``gpt.sweep.slurm`` writes them): one cell, or the comparison.
+
+A cell job trains its run (``--resume auto``: a requeued job continues from the newest checkpoint) and
+evaluates it, each in a child process group, and records what happened in the sweep's ``events/``:
+
+- ``USR1`` (asked for before the time limit, ``--signal=B:USR1@S``): the trainer is told to stop (SIGTERM:
+  it finishes its step, checkpoints and exits "interrupted"), then the job requeues itself;
+- ``TERM`` (``scancel``, a preemption, ``scontrol requeue``): the trainer is stopped the same way and the
+  job ends; SLURM requeues a preempted job itself, a cancelled one waits for the sweep to be resubmitted;
+- any other end without a result (a config the trainer refuses, a crash) is a failure: recorded with the
+  error's line, never requeued, and named by the comparison.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+from gpt.analysis.table import compare
+from gpt.run.directory import FINISHED
+from gpt.sweep import controller
+from gpt.sweep.launch import evaluate_command, launcher, train_command
+from gpt.sweep.slurm import SweepFolder, has_result
+from gpt.sweep.spec import SweepSpec
+
+RENDEZVOUS_PORT = 29500
+
+
+def job_launcher(nproc: int) -> list[str]:
+    """``launch.launcher`` on this job's nodes: on several, one torchrun per node under ``srun``, meeting at
+    the first node (c10d rendezvous keyed by the job id)."""
+    nodes = int(os.environ.get("SLURM_NNODES", "1"))
+    if nodes == 1:
+        return launcher(nproc)
+    return [
+        *("srun", "--kill-on-bad-exit=1", f"--ntasks={nodes}", "--ntasks-per-node=1"),
+        *(sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc_per_node={nproc}"),
+        f"--rdzv-id={os.environ['SLURM_JOB_ID']}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={controller.head_node()}:{RENDEZVOUS_PORT}",
+        "-m",
+    ]
+
+
+class Child:
+    """The job's one child process group (training, then evaluation), told to stop on USR1 or TERM."""
+
+    def __init__(self):
+        self.proc: subprocess.Popen | None = None
+        self.requeue = self.stop = False
+        for sig in (signal.SIGUSR1, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        first = not self.told_to_stop  # a repeated signal (scancel retries) is not a second, hurrying SIGTERM
+        self.requeue = self.requeue or signum == signal.SIGUSR1
+        self.stop = self.stop or signum == signal.SIGTERM
+        if first and self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)  # the trainer's own stop: finish the step, checkpoint, exit
+
+    def run(self, command: list[str]) -> tuple[int, str | None]:
+        """Run ``command``; its exit status and the line it ended on (its ``error:`` line, else its last)."""
+        self.proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        last: list[str] = []
+        reader = threading.Thread(target=_copy_lines, args=(self.proc.stderr, last), daemon=True)
+        reader.start()
+        code = self.proc.wait()
+        reader.join(timeout=10)
+        errors = [line for line in last if line.startswith("error:")]
+        return code, (errors or last or [None])[-1]
+
+    @property
+    def told_to_stop(self) -> bool:
+        return self.requeue or self.stop
+
+
+def _copy_lines(stream, last: list[str]) -> None:
+    """Pass a child's stderr on to the job's log, keeping its non-empty lines' last few."""
+    for line in stream:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        if line.strip():
+            last.append(line.strip())
+            del last[:-20]
+
+
+def run_cell_job(spec: SweepSpec, index: int, folder: SweepFolder) -> int:
+    """Train and evaluate the sweep's cell ``index`` inside its job; the job's exit status (0 for a result or a
+    requeue)."""
+    cell, nproc, child = spec.cells()[index], spec.nproc, Child()
+    folder.record({"event": "start", **controller.this_job(), "status": cell.run.status()}, cell.name)
+    code, error = 0, None
+    if cell.run.status() not in FINISHED:
+        code, error = child.run(train_command(spec.config, cell, nproc, job_launcher(nproc)))
+    if cell.run.status() in FINISHED and not has_result(cell) and not child.told_to_stop:
+        code, error = child.run(evaluate_command(cell, nproc))
+    if has_result(cell):
+        folder.record({"event": "end", "outcome": "done", "status": cell.run.status()}, cell.name)
+        return 0
+    if child.requeue:
+        folder.record({"event": "end", "outcome": "requeued", "status": cell.run.status()}, cell.name)
+        controller.requeue_self()
+        return 0
+    if child.stop:
+        folder.record({"event": "end", "outcome": "stopped", "status": cell.run.status()}, cell.name)
+        return 128 + signal.SIGTERM
+    error = error or f"exit status {code}"
+    folder.record({"event": "end", "outcome": "failed", "exit": code, "error": error}, cell.name)
+    print(f"{cell.name}: failed, not requeued: {error}", file=sys.stderr)
+    return 1
+
+
+def compare_sweep(spec: SweepSpec, folder: SweepFolder) -> dict:
+    """The comparison of every cell with a run folder; the cells whose job failed (or never left one) are
+    named in it with their error."""
+    cells, failed = spec.cells(), {}
+    for cell in cells:
+        ends = [e for e in folder.events(cell.name) if e["event"] == "end"]
+        if ends and ends[-1]["outcome"] == "failed":
+            failed[cell.name] = ends[-1].get("error") or "failed"
+        elif not (cell.run.config_file.is_file() and cell.run.metrics_file.is_file()):
+            failed[cell.name] = f"no run in {cell.run.path} (its job never trained it)"
+    present = [c.run.path for c in cells if c.run.config_file.is_file() and c.run.metrics_file.is_file()]
+    return compare(present, spec.comparison, failed=failed, **spec.compare_options())

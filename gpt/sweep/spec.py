@@ -1,0 +1,62 @@
+"""A sweep's definition, as its command line gives it: the grid, where its runs go, how they are compared.
+
+One object, so that a SLURM job can run the very sweep it belongs to (``argv`` writes the command line
+back) and lay out the same cells (``cells``).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpt.sweep.cells import Cell, comparison_folder, lay_out
+
+
+@dataclass
+class SweepSpec:
+    config: Path  # the sweep's config: every cell is it with the cell's norm type, seeds, name and folder
+    norm_types: list[str]
+    seeds: list[int]  # train.seed values (with init_seeds and data_seeds: not used)
+    init_seeds: list[int] | None = None  # with data_seeds: model.init_seed values, crossed with them
+    data_seeds: list[int] | None = None
+    runs_dir: Path = Path("runs")
+    overrides: list[str] = field(default_factory=list)  # --set KEY=VALUE of every cell
+    nproc: int = 1  # processes per run (per node)
+    out: Path | None = None  # the comparison's folder (default <runs_dir>/<config stem>-comparison)
+    baseline: str | None = None
+    equivalence_margin: float | None = None
+    allow_differ: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_args(cls, args, nproc: int) -> SweepSpec:
+        names = [f for f in cls.__dataclass_fields__ if f != "nproc"]
+        return cls(**{name: getattr(args, name) for name in names}, nproc=nproc)
+
+    def cells(self) -> list[Cell]:
+        return lay_out(
+            self.config, self.norm_types, self.seeds, self.runs_dir, self.overrides,
+            init_seeds=self.init_seeds, data_seeds=self.data_seeds,
+        )  # fmt: skip
+
+    @property
+    def comparison(self) -> Path:
+        return comparison_folder(self.config, self.runs_dir, self.out)
+
+    def compare_options(self) -> dict:
+        return {"baseline": self.baseline, "equivalence_margin": self.equivalence_margin,
+                "allow_differ": self.allow_differ}  # fmt: skip
+
+    def argv(self) -> list[str]:
+        """The sweep command (``python -m gpt.commands.sweep``) that defines this sweep."""
+        words = [sys.executable, "-m", "gpt.commands.sweep", str(self.config), "--norm-types", *self.norm_types]
+        words += ["--seeds", *map(str, self.seeds)]
+        for flag, values in (("--init-seeds", self.init_seeds), ("--data-seeds", self.data_seeds)):
+            words += [flag, *map(str, values)] if values else []
+        words += ["--nproc", str(self.nproc), "--runs-dir", str(self.runs_dir)]
+        words += [a for o in self.overrides for a in ("--set", o)]
+        for flag, value in (("--out", self.out), ("--baseline", self.baseline)):
+            words += [flag, str(value)] if value is not None else []
+        if self.equivalence_margin is not None:
+            words += ["--equivalence-margin", repr(self.equivalence_margin)]
+        return words + [a for key in self.allow_differ for a in ("--allow-differ", key)]

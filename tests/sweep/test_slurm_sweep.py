@@ -1,0 +1,157 @@
+"""sweep.py --launcher slurm against a real one-node SLURM cluster (tests/sweep/local_slurm.py): the same
+comparison and bits as a local sweep, a cell requeued at its time-limit signal resumed to the same bits, an
+idempotent resubmission, a failing cell named by the comparison, a dry run that submits nothing."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from safetensors.torch import load_file
+
+from gpt.run.directory import find_checkpoint
+from gpt.sweep import controller
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+NORMS, SEEDS = ["pytorch_layernorm", "no_norm"], ["0", "1"]
+
+
+@pytest.fixture
+def grid(train_yaml, tmp_path):
+    """A tiny config of 240 steps (checkpoints every 20), long enough to be caught mid-run."""
+    text = train_yaml("slurmgrid").read_text().replace("steps: 20", "steps: 240")
+    text = text.replace("checkpoint_every: 10", "checkpoint_every: 20").replace("eval_every: 10", "eval_every: 80")
+    path = tmp_path / "slurmgrid.yaml"
+    path.write_text(text.replace("data: {path:", "data: {test_tokens: 4096, path:"))
+    return path
+
+
+def sweep(cluster, tmp_path, config, *args, check=True):
+    """The sweep command as a user runs it, in ``tmp_path``, against the cluster."""
+    env = {**cluster.env, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    argv = [sys.executable, "-m", "gpt.commands.sweep", str(config), "--norm-types", *NORMS, "--seeds", *SEEDS]
+    done = subprocess.run([*argv, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    if check:
+        assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def jobs_record(runs):
+    return json.loads((runs / "slurmgrid-slurm" / "jobs.json").read_text())
+
+
+def final_weights(run):
+    return load_file(str(find_checkpoint(run) / "model.safetensors"))
+
+
+def test_dry_run_prints_the_scripts_and_submits_nothing(slurm_cluster, grid, tmp_path):
+    done = sweep(slurm_cluster, tmp_path, grid, "--launcher", "slurm", "--time", "00:10:00", "--dry-run")
+    assert "#SBATCH --array=0,1,2,3" in done.stdout
+    assert "#SBATCH --signal=B:USR1@120" in done.stdout
+    assert "--in-job compare" in done.stdout
+    assert "comparison: after the cell array" in done.stdout
+    assert slurm_cluster.queue() == []
+    assert not (tmp_path / "runs" / "slurmgrid-slurm" / "jobs.json").exists()
+
+
+def test_slurm_sweep_equals_local_and_a_requeued_cell_resumes_to_the_same_bits(
+    slurm_cluster, grid, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+    local = sweep(slurm_cluster, tmp_path, grid, "--runs-dir", "local")  # one after another, in this process
+    first = sweep(slurm_cluster, tmp_path, grid, "--launcher", "slurm", "--slurm-opt", "hold")
+    runs = tmp_path / "runs"
+    jobs = jobs_record(runs)
+    cell_jobs = [jobs["cells"][f"slurmgrid-{n.replace('_', '-')}-s{s}"] for n in NORMS for s in SEEDS]
+    assert "submitted job array" in first.stdout and jobs["compare"]
+
+    # Resubmitting while the cells wait submits nothing; a cancelled cell is resubmitted alone.
+    again = sweep(slurm_cluster, tmp_path, grid, "--launcher", "slurm")
+    assert "submitted" not in again.stdout.replace("left alone", ""), again.stdout
+    assert jobs_record(runs) == jobs
+    slurm_cluster.run("scancel", cell_jobs[3])
+    slurm_cluster.wait_until(lambda: controller.state(cell_jobs[3]) in (None, "CANCELLED"), 30, "the cancel")
+    third = sweep(slurm_cluster, tmp_path, grid, "--launcher", "slurm")
+    after = jobs_record(runs)
+    assert [c for c in after["cells"] if after["cells"][c] != jobs["cells"][c]] == ["slurmgrid-no-norm-s1"]
+    assert after["compare"] == jobs["compare"]  # the pending comparison now also waits for the new job
+    assert after["cells"]["slurmgrid-no-norm-s1"].split("_")[0] in slurm_cluster.job(jobs["compare"])["Dependency"]
+    assert "(1 cell(s), tasks 3)" in third.stdout
+    slurm_cluster.run("scontrol", "release", cell_jobs[0].split("_")[0])
+
+    # Cell 0 gets its time-limit signal mid-run: it checkpoints, requeues itself and resumes.
+    metrics = runs / "slurmgrid-pytorch-layernorm-s0" / "metrics.jsonl"
+    slurm_cluster.wait_until(lambda: metrics.is_file() and metrics.read_text().count("\n") >= 30, 120, "cell 0")
+    slurm_cluster.signal(cell_jobs[0], "USR1")  # what SLURM sends --signal-seconds before the time limit
+    slurm_cluster.wait_until(lambda: controller.job_info(cell_jobs[0]).get("Restarts") == "1", 60, "the requeue")
+    slurm_cluster.release(cell_jobs[0])
+    slurm_cluster.wait_until(lambda: slurm_cluster.state(jobs["compare"]) == "COMPLETED", 600, "the comparison")
+
+    status = sweep(slurm_cluster, tmp_path, grid, "--status").stdout
+    row = next(line for line in status.splitlines() if line.startswith("slurmgrid-pytorch-layernorm-s0 "))
+    assert row.split()[-1] == "1" and "240 / 240" in row, status  # requeued once, finished
+    events = (runs / "slurmgrid-slurm" / "events" / "slurmgrid-pytorch-layernorm-s0.jsonl").read_text()
+    ends = [e for e in map(json.loads, events.splitlines()) if e["event"] == "end"]
+    assert [e["outcome"] for e in ends] == ["requeued", "done"]
+    assert json.loads((runs / "slurmgrid-pytorch-layernorm-s0" / "summary.json").read_text())["segments"][1:]
+
+    slurm_result = json.loads((runs / "slurmgrid-comparison" / "comparison.json").read_text())
+    local_result = json.loads((tmp_path / "local" / "slurmgrid-comparison" / "comparison.json").read_text())
+    for g_slurm, g_local in zip(slurm_result["groups"], local_result["groups"], strict=True):
+        assert g_slurm["test_loss_mean"] == g_local["test_loss_mean"]
+    assert local.returncode == 0
+    for cell in jobs["cells"]:
+        ours, theirs = final_weights(runs / cell), final_weights(tmp_path / "local" / cell)
+        assert all(ours[k].equal(theirs[k]) for k in theirs), cell
+
+
+def test_a_failing_cell_is_not_requeued_and_the_comparison_names_it(slurm_cluster, grid, tmp_path):
+    blocked = tmp_path / "runs" / "slurmgrid-no-norm-s1"
+    blocked.parent.mkdir()
+    blocked.write_text("a file where the run's folder goes\n")
+    sweep(slurm_cluster, tmp_path, grid, "--launcher", "slurm", "--set", "train.steps=20")
+    compare_job = jobs_record(tmp_path / "runs")["compare"]
+    slurm_cluster.wait_until(lambda: slurm_cluster.state(compare_job) == "COMPLETED", 600, "the comparison")
+    failing = jobs_record(tmp_path / "runs")["cells"]["slurmgrid-no-norm-s1"]
+    info = slurm_cluster.job(failing)
+    assert (info["JobState"], info["Restarts"]) == ("FAILED", "0")
+    report = (tmp_path / "runs" / "slurmgrid-comparison" / "comparison.md").read_text()
+    line = next(x for x in report.splitlines() if "slurmgrid-no-norm-s1" in x)
+    assert line.startswith("**Failed, no result:** slurmgrid-no-norm-s1: error: cannot write the run directory runs/")
+    status = sweep(slurm_cluster, tmp_path, grid, "--set", "train.steps=20", "--status").stdout
+    assert "FAILED" in status and "error: " in status
+    assert blocked.read_text() == "a file where the run's folder goes\n"  # nothing of the user's touched
+
+
+def test_scripts_on_paper_for_several_nodes(grid, tmp_path):
+    """Two nodes of 8 GPUs: the script asks for them; the cells' torchrun meets on the first node (srun)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "gpt.commands.sweep", str(grid), "--norm-types", "dyt", "--launcher", "slurm",
+         "--nodes", "2", "--gpus-per-node", "8", "--partition", "gpu", "--account", "lab", "--qos", "high",
+         "--constraint", "h100", "--dry-run"],
+        cwd=tmp_path, capture_output=True, text=True, check=True, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )  # fmt: skip
+    for line in ("--nodes=2", "--gpus-per-node=8", "--partition=gpu", "--account=lab", "--qos=high",
+                 "--constraint=h100"):  # fmt: skip
+        assert f"#SBATCH {line}\n" in done.stdout
+    assert "--nproc 8" in done.stdout
+
+
+def test_a_cell_on_several_nodes_runs_torchrun_on_each_under_srun(monkeypatch):
+    from gpt.sweep import cell_job, controller
+
+    monkeypatch.setenv("SLURM_NNODES", "2")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setattr(controller, "head_node", lambda: "gpu-a01")
+    start = cell_job.job_launcher(8)
+    assert start[:4] == ["srun", "--kill-on-bad-exit=1", "--ntasks=2", "--ntasks-per-node=1"]
+    assert start[-5:] == [
+        "--nproc_per_node=8",
+        "--rdzv-id=77",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=gpu-a01:29500",
+        "-m",
+    ]
+    monkeypatch.setenv("SLURM_NNODES", "1")
+    assert cell_job.job_launcher(8)[-3:] == ["--standalone", "--nproc_per_node=8", "-m"]

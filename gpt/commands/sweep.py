@@ -71,14 +71,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.in_job is not None and args.in_job.startswith("cell:"):
         return cell_job.run_cell_job(spec, int(args.in_job.removeprefix("cell:")), folder)
+    if args.push_to_hub and not args.in_job:  # a name the Hub refuses stops here, not after the training
+        check_repo_name(f"{args.push_to_hub}/{args.hub_prefix + '-' if args.hub_prefix else ''}{args.config.stem}")
     if args.in_job == "compare":
-        result = cell_job.compare_sweep(spec, folder)
+        result = cell_job.compare_sweep(spec, folder)  # then published, with --push-to-hub, by the job
     elif args.launcher == "slurm":
         slurm.submit_sweep(spec, folder, SlurmOptions.from_args(args), args.dry_run)
         return 0
     else:
-        if args.push_to_hub:  # a name the Hub refuses stops here, not after the training
-            check_repo_name(f"{args.push_to_hub}/{args.hub_prefix + '-' if args.hub_prefix else ''}{args.config.stem}")
         result = run_sweep(
             args.config, args.norm_types, args.seeds, args.runs_dir, init_seeds=args.init_seeds,
             data_seeds=args.data_seeds, nproc=spec.nproc, overrides=args.overrides, out=args.out,

@@ -32,12 +32,18 @@ ACTIVE = frozenset(
 )
 
 
+def require(*commands: str) -> None:
+    """Refuse, in one line, to go on where a SLURM command is missing (before anything is written)."""
+    for name in commands:
+        if shutil.which(name) is None:
+            raise UserError(
+                f"{name}: not found; --launcher slurm runs on a SLURM cluster's login node (where sbatch "
+                "and scontrol are on PATH), or use --launcher local"
+            )
+
+
 def _slurm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    if shutil.which(args[0]) is None:
-        raise UserError(
-            f"{args[0]}: not found; --launcher slurm runs on a SLURM cluster's login node (where sbatch, "
-            "squeue and scontrol are on PATH), or use --launcher local"
-        )
+    require(args[0])
     done = subprocess.run(args, capture_output=True, text=True)
     if check and done.returncode != 0:
         answer = clipped((done.stderr or done.stdout).strip().replace("\n", " ")) or f"exit status {done.returncode}"

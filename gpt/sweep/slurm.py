@@ -190,6 +190,8 @@ def submit_sweep(spec: SweepSpec, folder: SweepFolder, options: SlurmOptions, dr
     """Submit every cell of ``spec`` that needs a job and the comparison after them; returns ``jobs.json``'s
     record (with ``dry_run``, what would be submitted)."""
     cells, job_command = spec.cells(), spec.argv()
+    if not dry_run:
+        controller.require("sbatch", "scontrol")
     jobs = folder.jobs()
     todo, waiting = [], []
     for i, cell in enumerate(cells):

@@ -27,6 +27,8 @@ class SweepSpec:
     baseline: str | None = None
     equivalence_margin: float | None = None
     allow_differ: list[str] = field(default_factory=list)
+    push_to_hub: str | None = None  # then publish the sweep under this Hub namespace (on SLURM: the comparison job)
+    hub_prefix: str | None = None
 
     @classmethod
     def from_args(cls, args, nproc: int) -> SweepSpec:
@@ -55,7 +57,8 @@ class SweepSpec:
             words += [flag, *map(str, values)] if values else []
         words += ["--nproc", str(self.nproc), "--runs-dir", str(self.runs_dir)]
         words += [a for o in self.overrides for a in ("--set", o)]
-        for flag, value in (("--out", self.out), ("--baseline", self.baseline)):
+        named = (("--out", self.out), ("--baseline", self.baseline), ("--push-to-hub", self.push_to_hub))
+        for flag, value in (*named, ("--hub-prefix", self.hub_prefix)):
             words += [flag, str(value)] if value is not None else []
         if self.equivalence_margin is not None:
             words += ["--equivalence-margin", repr(self.equivalence_margin)]

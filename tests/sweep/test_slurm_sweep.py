@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from gpt.run.directory import find_checkpoint
 from gpt.sweep import controller
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = pytest.mark.slow  # and the tests that submit to the local cluster: slurm
 
 NORMS, SEEDS = ["pytorch_layernorm", "no_norm"], ["0", "1"]
 
@@ -45,6 +45,7 @@ def final_weights(run):
     return load_file(str(find_checkpoint(run) / "model.safetensors"))
 
 
+@pytest.mark.slurm
 def test_dry_run_prints_the_scripts_and_submits_nothing(slurm_cluster, grid, tmp_path):
     done = sweep(slurm_cluster, tmp_path, grid, "--launcher", "slurm", "--time", "00:10:00", "--dry-run")
     assert "#SBATCH --array=0,1,2,3" in done.stdout
@@ -55,6 +56,7 @@ def test_dry_run_prints_the_scripts_and_submits_nothing(slurm_cluster, grid, tmp
     assert not (tmp_path / "runs" / "slurmgrid-slurm" / "jobs.json").exists()
 
 
+@pytest.mark.slurm
 def test_slurm_sweep_equals_local_and_a_requeued_cell_resumes_to_the_same_bits(
     slurm_cluster, grid, tmp_path, monkeypatch
 ):
@@ -106,6 +108,7 @@ def test_slurm_sweep_equals_local_and_a_requeued_cell_resumes_to_the_same_bits(
         assert all(ours[k].equal(theirs[k]) for k in theirs), cell
 
 
+@pytest.mark.slurm
 def test_a_failing_cell_is_not_requeued_and_the_comparison_names_it(slurm_cluster, grid, tmp_path):
     blocked = tmp_path / "runs" / "slurmgrid-no-norm-s1"
     blocked.parent.mkdir()
@@ -129,13 +132,15 @@ def test_scripts_on_paper_for_several_nodes(grid, tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "gpt.commands.sweep", str(grid), "--norm-types", "dyt", "--launcher", "slurm",
          "--nodes", "2", "--gpus-per-node", "8", "--partition", "gpu", "--account", "lab", "--qos", "high",
-         "--constraint", "h100", "--dry-run"],
+         "--constraint", "h100", "--push-to-hub", "alice", "--dry-run"],
         cwd=tmp_path, capture_output=True, text=True, check=True, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
     )  # fmt: skip
     for line in ("--nodes=2", "--gpus-per-node=8", "--partition=gpu", "--account=lab", "--qos=high",
                  "--constraint=h100"):  # fmt: skip
         assert f"#SBATCH {line}\n" in done.stdout
     assert "--nproc 8" in done.stdout
+    compare_line = next(x for x in done.stdout.splitlines() if x.endswith("--in-job compare"))
+    assert "--push-to-hub alice" in compare_line  # the comparison job publishes the sweep when it has compared
 
 
 def test_a_cell_on_several_nodes_runs_torchrun_on_each_under_srun(monkeypatch):
@@ -155,3 +160,22 @@ def test_a_cell_on_several_nodes_runs_torchrun_on_each_under_srun(monkeypatch):
     ]
     monkeypatch.setenv("SLURM_NNODES", "1")
     assert cell_job.job_launcher(8)[-3:] == ["--standalone", "--nproc_per_node=8", "-m"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--slurm-opt", "array=0-3"], "error: --slurm-opt array=0-3: the sweep sets --array itself"),
+        (["--slurm-opt", "=x"], "error: --slurm-opt '=x': expected KEY=VALUE or KEY"),
+        (["--nodes", "0"], "error: --nodes 0 must be >= 1"),
+        ([], "error: sbatch: not found; --launcher slurm runs on a SLURM cluster's login node"),
+    ],
+)
+def test_slurm_options_a_user_gets_wrong_are_one_line_before_anything_is_submitted(grid, tmp_path, args, message):
+    done = subprocess.run(
+        [sys.executable, "-m", "gpt.commands.sweep", str(grid), "--norm-types", "dyt", "--launcher", "slurm", *args],
+        cwd=tmp_path, capture_output=True, text=True, env={"PATH": str(tmp_path), "HOME": str(tmp_path)},
+    )  # fmt: skip
+    assert (done.returncode, done.stderr.count("\n")) == (2, 1), done.stderr
+    assert done.stderr.startswith(message)
+    assert not (tmp_path / "runs").exists()  # nothing written

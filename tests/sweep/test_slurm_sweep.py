@@ -87,7 +87,8 @@ def test_slurm_sweep_equals_local_and_a_requeued_cell_resumes_to_the_same_bits(
     slurm_cluster.wait_until(lambda: metrics.is_file() and metrics.read_text().count("\n") >= 30, 120, "cell 0")
     slurm_cluster.signal(cell_jobs[0], "USR1")  # what SLURM sends --signal-seconds before the time limit
     slurm_cluster.wait_until(lambda: controller.job_info(cell_jobs[0]).get("Restarts") == "1", 60, "the requeue")
-    slurm_cluster.release(cell_jobs[0])
+    slurm_cluster.wait_until(lambda: controller.state(cell_jobs[0]) == "PENDING", 60, "the requeued job waiting")
+    slurm_cluster.release(cell_jobs[0])  # (released before it is PENDING again, it keeps its ~120 s hold)
     slurm_cluster.wait_until(lambda: slurm_cluster.state(jobs["compare"]) == "COMPLETED", 600, "the comparison")
 
     status = sweep(slurm_cluster, tmp_path, grid, "--status").stdout

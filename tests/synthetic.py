@@ -73,7 +73,7 @@ log: {{log_every: 1, progress: false}}
     return path
 
 
-SYNC_PERMITTED = ("first_step", "log_record", "check_divergence", "validate", "checkpoint", "finish")
+SYNC_PERMITTED = ("first_step", "log_record", "read_stats", "check_divergence", "validate", "checkpoint", "finish")
 
 
 @contextlib.contextmanager

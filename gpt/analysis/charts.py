@@ -1,7 +1,9 @@
 """Every chart the harness draws, as PNG files. The per-step charts are declared once, in
 ``gpt.run.directory.CHARTS`` (file, metrics keys, label, scale), and drawn under the same file name for a
 run (its own curves, redrawn at each checkpoint by the ``RunCharts`` hook) and for a comparison (every
-run's curves coloured by group); a comparison adds the test loss by group with its intervals."""
+run's curves coloured by group); a comparison adds the test loss by group with its intervals. A run that
+logs stats.jsonl (``gpt.analysis.inside``) also gets what each norm does inside the model (``INSIDE_CHARTS``),
+and a comparison of such runs one sheet of it by group (``INSIDE_SHEET``)."""
 
 from __future__ import annotations
 
@@ -10,16 +12,26 @@ import warnings
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.colors import LogNorm, Normalize  # noqa: E402
 
+from gpt.analysis.inside import Stats, group_curves, group_profiles, load_stats  # noqa: E402
 from gpt.common.errors import os_reason  # noqa: E402
 from gpt.common.files import replacing  # noqa: E402
 from gpt.run.directory import CHARTS, Chart, RunDir  # noqa: E402
 from gpt.training.hooks import RunHooks  # noqa: E402
 
 TEST_LOSS_CHART = "test_loss.png"  # a comparison's own chart: the held-out loss of each group
+# A run's charts of its stats.jsonl, each of one per-block key, and their titles.
+INSIDE_CHARTS = {
+    "resid_rms": ("inside_resid_rms.png", "RMS of the residual stream entering each block"),
+    "attn_logit_max": ("inside_attn_logit_max.png", "attention logit max (q.k/sqrt(head_dim), over heads)"),
+    "update_ratio": ("inside_update_ratio.png", "update ratio ||W_after - W_before|| / ||W_before||"),
+}
+INSIDE_SHEET = "inside.png"  # a comparison's: the three by group, mean over seeds with a min-max band
 
 
 def save_figure(fig, path: Path) -> Path:
@@ -91,6 +103,12 @@ class RunCharts(RunHooks):
             plot_run(self.run.metrics(), self.run.path, self.title)
         except OSError as e:
             return f"charts not drawn: {os_reason(e)}"
+        try:  # a damaged stats.jsonl, like a full disk, is said, never a stop
+            stats = load_stats(self.run.path)
+            if stats is not None:
+                plot_inside(stats, self.run.path, self.title)
+        except (OSError, ValueError) as e:
+            return f"inside charts not drawn: {os_reason(e)}"
         return None
 
     def checkpoint_saved(self, ckpt: Path) -> None:
@@ -100,14 +118,18 @@ class RunCharts(RunHooks):
         return self.draw()
 
 
-def comparison_charts(curves: list[tuple[str, list[list[dict]]]], rows: list[dict], out: Path) -> list[Path]:
-    """Every run's curves of each chart in ``CHARTS`` (those any run logged), coloured by group, and the test
-    loss by group; returns the files. ``curves``: each group's label and its runs' metrics records;
-    ``rows``: the comparison's groups."""
+def comparison_charts(
+    curves: list[tuple[str, list[list[dict]]]], rows: list[dict], out: Path, inside: list[tuple[str, list[Stats]]] = ()
+) -> list[Path]:
+    """Every run's curves of each chart in ``CHARTS`` (those any run logged), coloured by group, the test
+    loss by group and, where any run logged stats, ``INSIDE_SHEET``; returns the files. ``curves``: each
+    group's label and its runs' metrics records; ``rows``: the comparison's groups; ``inside``: each group's
+    label and its runs' stats (``gpt.analysis.inside.Stats``)."""
     logged = {k for _, runs in curves for metrics in runs for m in metrics for k in m}
     drawn = [c for c in CHARTS if logged & {key for key, _ in c.series}]  # a results table has no curves
     written = [_plot_curves(curves, chart, out) for chart in drawn]
-    return [*written, _plot_test_loss(rows, out / TEST_LOSS_CHART)]
+    sheet = [plot_inside_comparison(inside, out / INSIDE_SHEET)] if any(runs for _, runs in inside) else []
+    return [*written, _plot_test_loss(rows, out / TEST_LOSS_CHART), *sheet]
 
 
 def _plot_curves(curves: list[tuple[str, list[list[dict]]]], chart: Chart, out: Path) -> Path:
@@ -179,3 +201,99 @@ def _test_loss_label(row: dict) -> str:
     if math.isnan(mean):
         return f"{row['group']}\nn/a (not evaluated)"
     return f"{row['group']}\n{mean:.4f}, {n} seed{'s' if n != 1 else ''}"
+
+
+# ------------------------------------------------------------------ inside the model (gpt.analysis.inside)
+
+
+def _positive(values: np.ndarray) -> np.ndarray:
+    """``values`` with what a log axis cannot show (0, negative, inf) as nan: a gap, not a clipped spike."""
+    values = np.asarray(values, dtype=float)
+    return np.where(np.isfinite(values) & (values > 0), values, np.nan)
+
+
+def _block_ticks(ax, rows: int, ln_f: bool, axis: str = "y") -> None:
+    """Block indices at most about 12 ticks apart; with ``ln_f``, the last row is the final norm's input."""
+    blocks = rows - ln_f
+    ticks = list(range(0, blocks, max(1, math.ceil(blocks / 12))))
+    labels = [str(t) for t in ticks] + (["ln_f"] if ln_f else [])
+    getattr(ax, f"set_{axis}ticks")([*ticks, blocks] if ln_f else ticks, labels)
+
+
+def _heat_map(fig, ax, stats: Stats, key: str) -> None:
+    """Block (y) by step (x); the residual RMS on a log colour scale. Non-finite cells are left blank."""
+    values = stats.per_block(key)
+    log = key == "resid_rms" and bool(np.isfinite(_positive(values)).any())
+    shown = _positive(values) if log else np.where(np.isfinite(values), values, np.nan)
+    norm = LogNorm(np.nanmin(shown), np.nanmax(shown)) if log else None
+    cells = np.ma.masked_invalid(shown.T)
+    mesh = ax.pcolormesh(stats.steps, np.arange(shown.shape[1]), cells, shading="nearest", norm=norm, cmap="viridis")
+    fig.colorbar(mesh, ax=ax)
+    _block_ticks(ax, shown.shape[1], ln_f=key == "resid_rms")
+    ax.set_ylabel("block (input of)" if key == "resid_rms" else "block")
+
+
+def _update_ratios(fig, ax, stats: Stats) -> None:
+    """A curve per block, coloured by depth, and the embedding and head dashed; log y."""
+    ratios, cmap = stats.per_block("update_ratio"), plt.get_cmap("viridis")
+    last = max(ratios.shape[1] - 1, 1)
+    for b in range(ratios.shape[1]):
+        ax.plot(stats.steps, _positive(ratios[:, b]), color=cmap(b / last), lw=1)
+    for key, name, colour in (("embed_update_ratio", "embedding", "black"), ("head_update_ratio", "head", "red")):
+        if key in stats.keys:
+            ax.plot(stats.steps, _positive(stats.scalar(key)), ls="--", color=colour, label=name)
+    fig.colorbar(plt.cm.ScalarMappable(Normalize(0, last), cmap), ax=ax, label="block")
+    if np.isfinite(_positive(ratios)).any():
+        ax.set_yscale("log")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    ax.set_ylabel("update ratio")
+
+
+def plot_inside(stats: Stats, folder: Path, title: str) -> list[Path]:
+    """Draw a run's ``INSIDE_CHARTS`` (those its stats hold) from its stats into ``folder``; returns the files."""
+    written = []
+    for key, (file, label) in INSIDE_CHARTS.items():
+        if key not in stats.keys:
+            continue
+        fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+        if key == "update_ratio":
+            _update_ratios(fig, ax, stats)
+        else:
+            _heat_map(fig, ax, stats, key)
+        ax.set_xlabel("step")
+        ax.set_title(f"{title}\n{label}", fontsize=10)
+        written.append(save_figure(fig, folder / file))
+    return written
+
+
+def plot_inside_comparison(groups: list[tuple[str, list[Stats]]], path: Path) -> Path:
+    """One sheet, by group (each group's label and its runs' stats; a group's colour is its place, as in the
+    other comparison charts): (a) the residual RMS entering each block at each run's last stats step,
+    (b) the attention-logit max over blocks and (c) the update ratio's mean over blocks, against the step.
+    Each line is the mean over the group's runs, its band their min to max."""
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8), dpi=100)
+    place = {label: i for i, (label, _) in enumerate(groups)}
+    seeds = {label: len(runs) for label, runs in groups}
+    panels = (
+        (group_profiles(groups), "blocks", "(a) residual RMS at the last stats step", "block (input of)", True),
+        (group_curves(groups, "attn_logit_max", "max"), "steps", "(b) attention logit max over blocks", "step", False),
+        (group_curves(groups, "update_ratio", "mean"), "steps", "(c) update ratio, mean over blocks", "step", True),
+    )
+    for ax, (lines, x, title, xlabel, log) in zip(axes, panels):
+        for line in lines:
+            colour = plt.get_cmap("tab10")(place[line["group"]] % 10)
+            mean, low, high = (_positive(line[k]) if log else line[k] for k in ("mean", "low", "high"))
+            ax.plot(line[x], mean, color=colour, lw=1.5, label=f"{line['group']} ({seeds[line['group']]} runs)")
+            ax.fill_between(line[x], low, high, color=colour, alpha=0.2, lw=0)
+        if log and any(np.isfinite(_positive(line["mean"])).any() for line in lines):
+            ax.set_yscale("log")
+        if x == "blocks" and lines:
+            _block_ticks(ax, max(len(line["mean"]) for line in lines), ln_f=True, axis="x")
+        ax.set(title=title, xlabel=xlabel)
+        ax.grid(alpha=0.3)
+    labelled = [ax for ax in axes if ax.get_legend_handles_labels()[0]]
+    if labelled:
+        labelled[0].legend(fontsize=8)
+    fig.suptitle("inside the model by group: mean over seeds, band from min to max")
+    return save_figure(fig, path)

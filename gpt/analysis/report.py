@@ -8,9 +8,11 @@ come from its registry entry (``gpt.evaluation.tasks``).
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from gpt.analysis import stats
 from gpt.evaluation.tasks import TASKS
+from gpt.run.directory import STATS_FILE
 
 
 def markdown(result: dict) -> str:
@@ -34,6 +36,7 @@ def markdown(result: dict) -> str:
     else:
         lines += shared_lines(result)
     lines += _main_table(result["groups"])
+    lines += _inside_lines(result.get("inside"))
     for f in result.get("failed") or []:
         lines += ["", f"**Failed, no result:** {f['run']}: {f['error']}"]
     lines += [
@@ -55,6 +58,16 @@ def markdown(result: dict) -> str:
     if missing:
         lines += ["", "Not evaluated (run `python evaluate.py` on them): " + ", ".join(missing)]
     return "\n".join(lines) + "\n"
+
+
+def _inside_lines(inside: dict | None) -> list[str]:
+    """Where the sheet of what each norm does inside the model is, and which runs it lacks (they logged no
+    stats); nothing when no run logged them."""
+    if not inside or not inside["with_stats"]:
+        return []
+    missing = inside["without_stats"]
+    without = f"without {STATS_FILE}: {', '.join(missing)}" if missing else "every run has them"
+    return ["", f"Inside the model: {Path(inside['plot']).name} ({len(inside['with_stats'])} runs); {without}"]
 
 
 def _interval(v: dict, fmt) -> str:

@@ -31,7 +31,8 @@ device, torch and CUDA, the code) are compared like the training runs', so resul
 different evaluators are refused unless ``--allow-differ`` names the key.
 
 Only run directories are read (through ``gpt.run.directory``): the config, metrics, summary
-(with the fingerprints) and the evaluation results of the chosen checkpoint; or, with ``results``,
+(with the fingerprints), the evaluation results of the chosen checkpoint and, where a run logged them,
+its stats of what each norm does inside the model (``gpt.analysis.inside``); or, with ``results``,
 a table of results from anywhere (``gpt.analysis.results``), which every comparison also writes.
 """
 
@@ -46,7 +47,8 @@ import numpy as np
 
 from gpt.analysis import results as results_table
 from gpt.analysis import stats
-from gpt.analysis.charts import comparison_charts
+from gpt.analysis.charts import INSIDE_SHEET, comparison_charts
+from gpt.analysis.inside import Stats, load_stats
 from gpt.analysis.report import markdown
 from gpt.common.errors import UserError
 from gpt.common.files import write_atomically, write_json
@@ -636,6 +638,21 @@ def results_rows(groups: list[Group]) -> list[dict]:
     ]
 
 
+def inside_of(groups: list[Group], out: Path) -> tuple[dict, list[tuple[str, list[Stats]]]]:
+    """Which runs logged what each norm does inside the model (``gpt.analysis.inside``) and where the sheet of
+    it by group goes (None: no run did); and each group's label with its runs' stats, every group in order so
+    that its colour is the one of the other charts."""
+    loaded = [(g.label, [(r.path.name, load_stats(r.path)) for r in g.runs]) for g in groups]
+    named = [(name, s is not None) for _, runs in loaded for name, s in runs]
+    with_stats = [name for name, has in named if has]
+    summary = {
+        "plot": str(out / INSIDE_SHEET) if with_stats else None,
+        "with_stats": with_stats,
+        "without_stats": [name for name, has in named if not has],
+    }
+    return summary, [(label, [s for _, s in runs if s is not None]) for label, runs in loaded]
+
+
 def compare(
     paths: list[Path],
     out: Path,
@@ -688,10 +705,11 @@ def compare(
         "failed": [{"run": name, "error": error} for name, error in (failed or {}).items()],
     }
     out = Path(out)
+    result["inside"], inside = inside_of(groups if results is None else [], out)  # a table's rows have no folders
     out.mkdir(parents=True, exist_ok=True)
     write_atomically(out / "comparison.md", markdown(result))
     write_json(out / COMPARISON_FILE, json_safe(result), default=str, allow_nan=False)  # NaN -> null: standard JSON
     results_table.write_results(results_rows(groups), out / RESULTS_CSV)
     curves = [(g.label, [r.metrics for r in g.runs]) for g in groups]
-    result["plots"] = [str(p) for p in comparison_charts(curves, result["groups"], out)]
+    result["plots"] = [str(p) for p in comparison_charts(curves, result["groups"], out, inside)]
     return result

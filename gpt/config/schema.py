@@ -232,6 +232,9 @@ class OptimConfig:
             )
 
 
+STOP_ON = ("resid_rms", "attn_logit_max", "nonfinite")  # train.stop_on's choices (gpt.training.inside)
+
+
 @dataclass
 class TrainConfig:
     """How long and how big. Batches are in sequences of model.context_length tokens."""
@@ -270,8 +273,16 @@ class TrainConfig:
     loss_ceiling: float | None = opt(
         None, "stop as diverged when the train loss exceeds this after warmup; null: no ceiling", gt=0
     )
+    stop_on: list[str] = opt(
+        [],
+        "stop as diverged on the early warning of these statistics (log.stats_every): resid_rms, "
+        "attn_logit_max, nonfinite (any statistic not finite); []: warnings are only said",
+    )
 
     def validate(self, fail) -> None:
+        for name in self.stop_on:
+            if name not in STOP_ON:
+                fail("stop_on", f"{name!r} is not a statistic it can stop on (allowed: {', '.join(STOP_ON)})")
         if self.global_batch_size % self.micro_batch_size:
             fail(
                 "global_batch_size",
@@ -317,6 +328,18 @@ class LogConfig:
     wandb_project: str = opt("gpt2-norms", "W&B project")
     wandb_entity: str | None = opt(None, "W&B entity (user or team); null: your default")
     tags: list[str] = opt([], "extra W&B tags (the norm type and seed are always added)")
+    stats_every: int = opt(
+        100,
+        "every this many steps, what each norm does inside the model into stats.jsonl (residual RMS, norm "
+        "outputs, attention logits, per-block gradients and update ratios; docs/training.md); 0: off",
+        ge=0,
+    )
+    stats_warn_growth: float = opt(
+        10.0,
+        "early warning when a block's residual RMS or attention-logit max grows past this many times its "
+        "value at the first stats step after warmup (train.stop_on makes it stop the run)",
+        gt=1,
+    )
 
 
 @dataclass

@@ -3,6 +3,7 @@
     runs/<name>/
         config.yaml       the resolved config, written when the run starts
         metrics.jsonl     one JSON record per logged step (rank 0)
+        stats.jsonl       with log.stats_every: per block activations, attention logits, gradients (rank 0)
         summary.json      "running" while a trainer works on it; at the end: status, stop reason, speed, ...
         loss.png lr.png grad_norm.png      charts of metrics.jsonl (CHARTS, drawn by gpt.analysis.charts)
         wandb_id.txt      the W&B run id, so that a resumed run continues it
@@ -47,6 +48,7 @@ FINISHED = (COMPLETED, DIVERGED)  # results: a sweep does not run them again
 EXIT_CODES = {COMPLETED: 0, DIVERGED: 3, INTERRUPTED: 4}  # train.py's exit status for each (2: a user error)
 EVAL_PREFIX = "eval-"
 CHECKPOINTS_DIR = "checkpoints"
+STATS_FILE = "stats.jsonl"  # what each norm does inside the model, every log.stats_every steps (gpt.training.inside)
 COMPARISON_FILE = "comparison.json"  # compare's result, in a folder beside the runs it compares (the sweep's)
 
 
@@ -89,6 +91,10 @@ class RunDir:
     @property
     def metrics_file(self) -> Path:
         return self.path / "metrics.jsonl"
+
+    @property
+    def stats_file(self) -> Path:
+        return self.path / STATS_FILE
 
     @property
     def summary_file(self) -> Path:
@@ -162,19 +168,11 @@ class RunDir:
     def metrics(self, dropped: list[int] | None = None) -> list[dict]:
         """The metric records; lines that do not parse (a torn last line after a kill or a full disk)
         are left out, and their numbers (1-based) added to ``dropped``."""
-        if not self.metrics_file.is_file():
-            return []
-        records = []
-        for number, line in enumerate(self.metrics_file.read_text(errors="replace").splitlines(), 1):
-            try:
-                record = json.loads(line) if line.strip() else None
-            except ValueError:
-                record = "torn"
-            if isinstance(record, dict) and isinstance(record.get("step"), int):
-                records.append(record)
-            elif record is not None and dropped is not None:
-                dropped.append(number)
-        return records
+        return _records(self.metrics_file, dropped)
+
+    def stats(self, dropped: list[int] | None = None) -> list[dict]:
+        """The stats records (``log.stats_every``), read as ``metrics`` reads its own."""
+        return _records(self.stats_file, dropped)
 
     def checkpoint(self, which: str) -> Path:
         """Checkpoint ``which``: ``best``, ``latest``, or ``final`` (the latest of a completed run)."""
@@ -267,15 +265,35 @@ class RunDir:
         return notes
 
     def truncate_metrics(self, after_step: int, dropped: list[int] | None = None) -> None:
-        """Drop records past ``after_step`` (a resumed run logs those steps again), and lines that do not
-        parse, atomically."""
-        if not self.metrics_file.is_file():
-            return
-        kept = [r for r in self.metrics(dropped) if r["step"] <= after_step]
-        write_atomically(self.metrics_file, "".join(json.dumps(r) + "\n" for r in kept))
+        """Drop records past ``after_step`` (a resumed run logs those steps again) from metrics.jsonl and
+        stats.jsonl, and lines that do not parse, atomically."""
+        for path in (self.metrics_file, self.stats_file):
+            if path.is_file():
+                kept = [
+                    r for r in _records(path, dropped if path == self.metrics_file else None) if r["step"] <= after_step
+                ]
+                write_atomically(path, "".join(json.dumps(r) + "\n" for r in kept))
 
     def write_summary(self, summary: dict) -> None:
         write_json(self.summary_file, summary)
+
+
+def _records(path: Path, dropped: list[int] | None = None) -> list[dict]:
+    """The JSON records, one a line, of a run's metrics.jsonl or stats.jsonl; lines that do not parse are left
+    out, their numbers (1-based) added to ``dropped``."""
+    if not path.is_file():
+        return []
+    records = []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        try:
+            record = json.loads(line) if line.strip() else None
+        except ValueError:
+            record = "torn"
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            records.append(record)
+        elif record is not None and dropped is not None:
+            dropped.append(number)
+    return records
 
 
 def find_checkpoint(path: str | Path, which: str = "latest") -> Path:

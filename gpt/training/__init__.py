@@ -1,7 +1,8 @@
 """Training a run: the step and the loop (``loop``: ``Trainer`` and ``train``; the run's bookkeeping is
 ``gpt.run.ledger``'s), the optimizer and its weight-decay groups (``optimizer``), the learning-rate
-schedules (``schedule``), stop signals, divergence and throughput (``monitors``), metrics.jsonl and
-wandb (``metrics``), and ``hooks``: how a run tells the world outside it (charts, uploads) without
+schedules (``schedule``), stop signals, divergence and throughput (``monitors``), what each norm does
+inside the model and its early warning (``inside``), metrics.jsonl, stats.jsonl and wandb (``metrics``),
+and ``hooks``: how a run tells the world outside it (charts, uploads) without
 knowing it.
 
 May import: the wings up to ``gpt.evaluation``; never ``gpt.speed``, ``gpt.publish`` or ``gpt.analysis``

@@ -44,6 +44,7 @@ from gpt.run.fastpath import apply_tf32, resolve
 from gpt.run.ledger import RunLedger
 from gpt.run.random_state import rng_state, set_rng_state
 from gpt.training.hooks import RunHooks
+from gpt.training.inside import EarlyWarning, StatsProbe
 from gpt.training.metrics import Metrics
 from gpt.training.monitors import Divergence, LossWindow, LostPeer, StopFlag, StopNow, Throughput
 from gpt.training.optimizer import make_optimizer, set_lr, step_unless_nonfinite
@@ -173,6 +174,8 @@ class Trainer:
         # start
         self.watch: Watchers | None = None  # the loop's sinks and monitors
         self.last_checkpoint: Path | None = None  # rank 0: the newest checkpoint written
+        self.probe: StatsProbe | None = None  # rank 0, log.stats_every > 0: what each norm does inside the model
+        self.warning: EarlyWarning | None = None  # rank 0: says when the probe's statistics run away
 
     # ------------------------------------------------------------ before the loop
 
@@ -344,6 +347,11 @@ class Trainer:
             ),
             throughput=Throughput(p.step, self.total_steps, cfg.tokens_per_step),
         )
+        if dist.is_main and cfg.log.stats_every:
+            self.probe = StatsProbe(cfg.log.stats_every)
+            self.warning = EarlyWarning(cfg.log.stats_warn_growth, self.warmup, cfg.train.stop_on)
+            for record in self.run.stats():  # a resumed run: the baseline and what was said, as before
+                self.warning.check(record)
 
     def open_run(self) -> list[str]:
         """Rank 0: set the run directory up, mark the run as running, tell the hooks."""
@@ -386,6 +394,12 @@ class Trainer:
             p.tokens += self.cfg.tokens_per_step
             self.watch.bar.update(1)
             self.watch.throughput.step_done(p.step)
+            if self.cfg.log.stats_every and p.step % self.cfg.log.stats_every == 0:
+                reason = self.dist.any_flag(self.read_stats()) and "early warning (train.stop_on)"
+                if reason:  # every rank stops: rank 0's warning named the statistic, block and step
+                    status, reason = DIVERGED, (self.warning.stop if self.warning else reason)
+                    self.diverged_at = p.step
+                    break
             stopping = self.dist.any_flag(stop.requested)  # every step: training time, not a pause
             evaluate, save = self.should_evaluate(p.step), self.should_checkpoint(p.step) or stopping
             record = self.log_record(lr, loss_sum, grad_norm) if self.should_log(p.step) else None
@@ -431,8 +445,11 @@ class Trainer:
         """
         dist, accum = self.dist, self.reader.accum
         loss_sum = torch.zeros((), device=dist.device)
+        probe = self.probe if self.probe is not None and self.probe.due(self.progress.step + 1) else None
+        first = None  # the step's first micro-batch: a stats step's activations are its
         for k, (x, y) in enumerate(self.reader.next_step()):  # x, y: (micro_batch, T)
             x, y = dist.to_device(x), dist.to_device(y)
+            first = x if first is None else first
             last = not dist.enabled or k == accum - 1  # DDP all-reduces the gradients on the last one only
             with contextlib.nullcontext() if last else self.net.no_sync():
                 with self.autocast():
@@ -441,9 +458,13 @@ class Trainer:
             loss_sum += loss.detach()
         self.scaler.unscale_(self.optimizer)  # a no-op unless fp16
         grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+        if probe is not None:  # rank 0, every log.stats_every steps: before clipping and the update
+            probe.measure(self.model, first, self.autocast, self.scaler)
         if self.cfg.optim.grad_clip is not None:
             torch.nn.utils.clip_grads_with_norm_(self.params, self.cfg.optim.grad_clip, grad_norm)
         skipped = step_unless_nonfinite(self.optimizer, self.scaler, grad_norm)
+        if probe is not None:
+            probe.after_update(self.model)
         self.optimizer.zero_grad(set_to_none=True)
         return loss_sum, grad_norm, skipped
 
@@ -508,6 +529,17 @@ class Trainer:
             return None
         reason, self.diverged_at = verdict
         return reason
+
+    def read_stats(self) -> bool:
+        """Rank 0, a stats step: read the probe's numbers back (a wait, as at a log step), write them and say
+        any early warning; True when one of them is to stop the run (``train.stop_on``)."""
+        if self.probe is None or self.probe.pending is None:
+            return False
+        record = self.probe.take(self.progress.step, self.progress.tokens)
+        self.watch.metrics.log_stats(record)
+        for line in self.warning.check(record):
+            self.watch.bar.write(line, file=sys.stderr)
+        return self.warning.stop is not None
 
     def validate(self, record: dict) -> bool:
         """Measure the validation loss into ``record``; True if it is the best so far."""
@@ -589,6 +621,7 @@ class Trainer:
             "best_val_step": p.best_step,
             "nonfinite_steps": self.watch.divergence.counts()[0],
             "diverged_at_step": self.diverged_at if status == DIVERGED else None,
+            "early_warnings": self.warning.lines if self.warning is not None else [],  # log.stats_every's
             "n_params": self.model.num_params(),  # a tied weight once, vocabulary padding not at all
             "n_params_outside_norms": self.model.num_params(norms=False),
             "norm_type": cfg.model.norm_type,

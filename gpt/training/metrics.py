@@ -31,6 +31,11 @@ def _clean(value):
     return value
 
 
+def _clean_all(value):
+    """``_clean``, of a number or of each number in a list (a stats record's per-block values)."""
+    return [_clean(v) for v in value] if isinstance(value, list) else _clean(value)
+
+
 def _has_wandb_credentials() -> bool:
     if os.environ.get("WANDB_API_KEY"):
         return True
@@ -49,6 +54,8 @@ class Metrics:
 
     def __init__(self, run: RunDir, cfg: Config):
         self.file = open(run.metrics_file, "a")  # noqa: SIM115  the sink stays open for the whole run
+        # log.stats_every: stats.jsonl, what each norm does inside the model (gpt.training.inside)
+        self.stats = open(run.stats_file, "a") if cfg.log.stats_every else None  # noqa: SIM115
         self.write_failed = False  # warned once about a failing metrics.jsonl
         self.wandb = self._start_wandb(run, cfg) if cfg.log.wandb else None
 
@@ -96,20 +103,37 @@ class Metrics:
             return None
 
     def log(self, record: dict) -> None:
+        self._write(self.file, record)
+        self._send({k: v for k, v in record.items() if k != "step" and v is not None}, record["step"])
+
+    def log_stats(self, record: dict) -> None:
+        """A stats record: a line of stats.jsonl, and to wandb as ``stats/<key>`` (``stats/<key>/<block>``)."""
+        self._write(self.stats, record)
+        flat = {}
+        for key, value in record.items():
+            if key in ("step", "tokens") or value is None:
+                continue
+            for i, v in enumerate(value) if isinstance(value, list) else [(None, value)]:
+                flat[f"stats/{key}" if i is None else f"stats/{key}/{i}"] = v
+        self._send(flat, record["step"])
+
+    def _write(self, file, record: dict) -> None:
         try:
-            self.file.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
-            self.file.flush()
+            file.write(json.dumps({k: _clean_all(v) for k, v in record.items()}) + "\n")
+            file.flush()
         except OSError as e:  # a full disk: training goes on; the next checkpoint says whether it can
             if not self.write_failed:
                 print(
-                    f"warning: cannot write {self.file.name}: {os_reason(e)}; metrics from step {record['step']} "
+                    f"warning: cannot write {file.name}: {os_reason(e)}; records from step {record['step']} "
                     "on are missing until it can",
                     file=sys.stderr,
                 )
             self.write_failed = True
+
+    def _send(self, values: dict, step: int) -> None:
         if self.wandb is not None:
             try:
-                self.wandb.log({k: v for k, v in record.items() if k != "step" and v is not None}, step=record["step"])
+                self.wandb.log(values, step=step)
             except Exception as e:
                 print(f"wandb: disabled after an error ({type(e).__name__}: {e})", file=sys.stderr)
                 self.wandb = None
@@ -117,6 +141,8 @@ class Metrics:
     def close(self, summary: dict | None = None) -> None:
         with contextlib.suppress(OSError):  # its last buffered line hit the same full disk; already warned
             self.file.close()
+            if self.stats is not None:
+                self.stats.close()
         if self.wandb is not None:
             run, timeout = self.wandb, float(os.environ.get("WANDB_INIT_TIMEOUT", WANDB_INIT_TIMEOUT))
 

@@ -161,6 +161,7 @@ def test_no_step_waits_for_the_gpu_between_log_steps(tmp_path):
                 f"train.precision={precision}",
                 "train.compile=false",
                 "log.log_every=5",
+                "log.stats_every=4",  # a stats step measures without waiting: it reads back in read_stats
                 "optim.grad_clip=1.0",
                 steps=12,
             )

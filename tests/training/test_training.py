@@ -319,7 +319,7 @@ def test_wandb_offline_receives_the_run(train_yaml, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-dir"))
     monkeypatch.setenv("WANDB_SILENT", "true")
-    cfg = load_config(train_yaml(), ["log.wandb=true", "train.steps=10", "log.tags=[demo]"])
+    cfg = load_config(train_yaml(), ["log.wandb=true", "train.steps=10", "log.tags=[demo]", "log.stats_every=5"])
     train(cfg)
     runs = list((tmp_path / "wandb-dir" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
@@ -339,6 +339,8 @@ def test_wandb_offline_receives_the_run(train_yaml, tmp_path, monkeypatch):
         assert b"train_loss" in data and json.dumps(r["train_loss"]).encode() in data, r["step"]
     assert json.dumps(records[-1]["val_loss"]).encode() in data
     assert b"pytorch_layernorm" in data and b"seed-0" in data and b"demo" in data  # config and tags
+    stats = json.loads((tmp_path / "run" / "stats.jsonl").read_text().splitlines()[-1])
+    assert b"stats/resid_rms/1" in data and json.dumps(stats["resid_rms"][1]).encode() in data  # log.stats_every
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

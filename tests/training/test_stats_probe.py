@@ -1,0 +1,184 @@
+"""log.stats_every: what each norm does inside the model, measured without changing the run, each statistic
+checked against a hand computation, and the early warning of a run that runs away."""
+
+import contextlib
+import math
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from gpt.config import load_config
+from gpt.model.gpt import GPT
+from gpt.run.directory import RunDir, find_checkpoint
+from gpt.training import inside
+from gpt.training.inside import EarlyWarning, StatsProbe
+from gpt.training.loop import train
+
+
+def run(train_yaml, name, *overrides):
+    cfg = load_config(train_yaml(name), ["log.progress=false", *overrides])
+    return train(cfg), RunDir(cfg.run_dir)
+
+
+def test_stats_on_or_off_train_the_same_bits_and_measure_only_on_stats_steps(train_yaml, monkeypatch):
+    forwards, measured = [], []
+    forward, measure = GPT.forward, StatsProbe.measure
+    monkeypatch.setattr(GPT, "forward", lambda self, *a, **k: forwards.append(1) or forward(self, *a, **k))
+    monkeypatch.setattr(StatsProbe, "measure", lambda self, *a: measured.append(1) or measure(self, *a))
+    _, off = run(train_yaml, "stats-off", "log.stats_every=0", "model.norm_type=dyt", "train.eval_every=100")
+    calls_off = len(forwards)
+    forwards.clear()
+    _, on = run(train_yaml, "stats-on", "log.stats_every=3", "model.norm_type=dyt", "train.eval_every=100")
+    # 20 steps of 2 micro-batches, one validation at the end; stats steps 3, 6, ..., 18: one forward more each
+    assert (len(measured), len(forwards) - calls_off) == (6, 6)
+    strip = [{k: v for k, v in r.items() if k not in ("tokens_per_s", "elapsed_s")} for r in off.metrics()]
+    assert strip == [{k: v for k, v in r.items() if k not in ("tokens_per_s", "elapsed_s")} for r in on.metrics()]
+    a, b = (load_file(str(find_checkpoint(r.path) / "model.safetensors")) for r in (off, on))
+    assert all(a[k].equal(b[k]) for k in a)
+    assert not off.stats_file.exists()
+    assert [r["step"] for r in on.stats()] == [3, 6, 9, 12, 15, 18]
+
+
+@pytest.mark.slow
+def test_a_resumed_run_keeps_its_stats_up_to_the_checkpoint(train_yaml):
+    _, whole = run(train_yaml, "whole", "log.stats_every=2")
+    cfg = load_config(train_yaml("cut"), ["log.progress=false", "log.stats_every=2"])
+    train(cfg)
+    cut = RunDir(cfg.run_dir)
+    lines = cut.stats_file.read_text().splitlines()
+    cut.stats_file.write_text("\n".join(lines[:7]) + '\n{"step": 1')  # as if killed at step 14, mid-line
+    ckpts = cut.checkpoints
+    (ckpts / "latest").write_text("step-00000010\n")
+    shutil.rmtree(ckpts / "step-00000020")
+    train(cfg, resume=str(ckpts / "step-00000010"))
+    assert [r["step"] for r in cut.stats()] == [r["step"] for r in whole.stats()]
+    assert cut.stats()[-1]["resid_rms"] == whole.stats()[-1]["resid_rms"]
+
+
+@pytest.fixture
+def stepped(tiny_model_cfg):
+    """A small DyT model after one backward pass, the probe's measurement of it, and the batch."""
+    torch.manual_seed(0)
+    model = GPT(tiny_model_cfg(norm_type="dyt", n_layers=3, context_length=8, vocab_size=50), seed=1)
+    x = torch.randint(0, 50, (3, 8))
+    model(x, torch.randint(0, 50, (3, 8)))[1].backward()
+    probe = StatsProbe(every=1)
+    probe.measure(model, x, contextlib.nullcontext, None)
+    return model, x, probe
+
+
+def test_residual_norm_outputs_and_gains_equal_a_hand_forward(stepped):
+    model, x, probe = stepped
+    record = {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in probe.pending.items()}
+    rms = lambda t: t.pow(2).mean().sqrt().item()  # noqa: E731
+    with torch.no_grad():
+        h = model.wte(x) + model.wpe(torch.arange(8))
+        for i, block in enumerate(model.blocks):
+            assert record["resid_rms"][i] == pytest.approx(rms(h), rel=1e-6)
+            a = block.ln_1.weight * torch.tanh(block.ln_1.alpha * h) + block.ln_1.bias  # DyT, by its formula
+            assert record["ln_1_rms"][i] == pytest.approx(rms(a), rel=1e-6)
+            assert record["ln_1_max"][i] == pytest.approx(a.abs().max().item(), rel=1e-6)
+            saturated = ((block.ln_1.alpha * h).abs() > 2).float().mean().item()
+            assert record["ln_1_saturated"][i] == pytest.approx(saturated)
+            assert record["ln_1_alpha"][i] == pytest.approx(block.ln_1.alpha.item())
+            w = block.ln_2.weight
+            assert record["ln_2_gain_mean"][i] == pytest.approx(w.mean().item(), rel=1e-6)
+            assert record["ln_2_gain_std"][i] == pytest.approx(w.std(correction=0).item(), rel=1e-5, abs=1e-9)
+            h = block(h)
+        assert record["resid_rms"][-1] == pytest.approx(rms(h), rel=1e-6)
+        logits = model.lm_head(model.ln_f(h))
+        assert record["logits_max"] == pytest.approx(logits.max().item(), rel=1e-6)
+
+
+def test_attention_logits_equal_q_dot_k_computed_by_hand(stepped):
+    model, x, probe = stepped
+    heads, C = model.cfg.n_heads, model.cfg.d_model
+    hs = C // heads
+    with torch.no_grad():
+        h = model.wte(x) + model.wpe(torch.arange(8))
+        for i, block in enumerate(model.blocks):
+            qkv = block.attn.qkv(block.ln_1(h))[: inside.ATTENTION_SEQUENCES]
+            values = []
+            for b in range(qkv.shape[0]):
+                for head in range(heads):
+                    q = qkv[b, :, head * hs : (head + 1) * hs]
+                    k = qkv[b, :, C + head * hs : C + (head + 1) * hs]
+                    values += [float(q[t] @ k[s]) / math.sqrt(hs) for t in range(8) for s in range(t + 1)]
+            assert probe.pending["attn_logit_max"][i].item() == pytest.approx(max(values), rel=1e-5)
+            assert probe.pending["attn_logit_mean"][i].item() == pytest.approx(sum(values) / len(values), abs=1e-6)
+            h = block(h)
+
+
+def test_gradient_norms_and_update_ratios_equal_two_copies_of_the_weights(stepped):
+    model, x, probe = stepped
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    torch.optim.AdamW(model.parameters(), lr=0.05).step()
+    probe.after_update(model)
+    record = probe.take(step=1, tokens=24)
+    after = dict(model.named_parameters())
+    for i in range(3):
+        names = [n for n in before if n.startswith(f"blocks.{i}.")]
+        grad = math.sqrt(sum(grads[n].pow(2).sum().item() for n in names if n in grads))
+        delta = math.sqrt(sum((after[n].detach() - before[n]).pow(2).sum().item() for n in names))
+        weight = math.sqrt(sum(before[n].pow(2).sum().item() for n in names))
+        assert record["grad_norm"][i] == pytest.approx(grad, rel=1e-5)
+        assert record["update_ratio"][i] == pytest.approx(delta / weight, rel=1e-5)
+    head = (after["lm_head.weight"].detach() - before["lm_head.weight"]).norm() / before["lm_head.weight"].norm()
+    assert record["head_update_ratio"] == pytest.approx(head.item(), rel=1e-5)
+    assert record["loss_scale"] is None and (record["step"], record["tokens"]) == (1, 24)
+
+
+def test_early_warning_says_a_statistic_once_names_block_and_step_and_stops_only_when_asked():
+    warn = EarlyWarning(growth=10, warmup=4, stop_on=[])
+    assert warn.check({"step": 2, "resid_rms": [1.0, 50.0], "attn_logit_max": [1.0]}) == []  # before warmup
+    assert warn.check({"step": 4, "resid_rms": [1.0, 2.0], "attn_logit_max": [3.0]}) == []  # the baseline
+    said = warn.check({"step": 6, "resid_rms": [1.0, 25.0], "attn_logit_max": [3.0]})
+    assert said == ["early warning: resid_rms of the final norm's input grew 12.5x since step 4 (2 -> 25) at step 6"]
+    assert warn.check({"step": 8, "resid_rms": [1.0, 99.0], "attn_logit_max": [3.0]}) == []  # said once
+    assert warn.stop is None
+    assert warn.check({"step": 10, "resid_rms": [1.0, 9.0], "grad_norm": [math.inf]}) == [
+        "early warning: grad_norm of block 0 is inf at step 10"
+    ]
+    stopper = EarlyWarning(growth=10, warmup=0, stop_on=["attn_logit_max"])
+    stopper.check({"step": 1, "resid_rms": [1.0], "attn_logit_max": [1.0, 1.0]})
+    stopper.check({"step": 2, "resid_rms": [30.0], "attn_logit_max": [1.0, 11.0]})
+    assert stopper.stop.startswith("early warning: attn_logit_max of block 1 grew 11.0x since step 1")
+    assert stopper.stop.endswith("at step 2 (train.stop_on: attn_logit_max)")
+
+
+@pytest.mark.slow
+def test_no_norm_at_a_high_rate_warns_before_it_diverges_where_layernorm_does_not(train_yaml):
+    high = ["model.n_layers=4", "optim.lr=0.1", "optim.min_lr=0.01", "optim.grad_clip=null", "train.steps=60"]
+    high += ["train.checkpoint_every=60", "train.eval_every=60", "log.stats_every=2", "log.stats_warn_growth=20"]
+    summary, runaway = run(train_yaml, "no-norm", "model.norm_type=no_norm", *high)
+    assert summary["status"] == "diverged"
+    first = summary["early_warnings"][0]
+    step = int(first.rsplit("at step ", 1)[1])
+    assert " of block " in first and step < summary["diverged_at_step"], summary["early_warnings"]
+    stats = [r for r in runaway.stats() if all(math.isfinite(v) for v in r["resid_rms"])]
+    last = stats[-1]["resid_rms"]
+    assert last == sorted(last) and last[-1] > 100 * stats[0]["resid_rms"][-1]  # up the blocks, over the steps
+    summary, steady = run(train_yaml, "layernorm", "model.norm_type=pytorch_layernorm", *high)
+    assert (summary["status"], summary["early_warnings"]) == ("completed", [])
+    assert len(steady.stats()) == 30
+
+
+def test_stop_on_stops_the_run_as_diverged_naming_the_warning(train_yaml):
+    args = ["model.norm_type=no_norm", "optim.lr=0.2", "optim.min_lr=0.02", "optim.grad_clip=null"]
+    args += ["log.stats_every=2", "train.stop_on=[resid_rms]", "train.steps=20"]
+    summary, _ = run(train_yaml, "stopper", *args)
+    assert summary["status"] == "diverged" and summary["diverged_at_step"] % 2 == 0
+    assert summary["stop_reason"].startswith("early warning: resid_rms of ")
+    assert summary["stop_reason"].endswith("(train.stop_on: resid_rms)")
+
+
+def test_stop_on_names_what_it_can_stop_on(train_yaml):
+    from gpt.config import ConfigError
+
+    with pytest.raises(
+        ConfigError, match="train.stop_on: 'loss' is not a statistic it can stop on .allowed: resid_rms"
+    ):
+        load_config(train_yaml("bad"), ["train.stop_on=[loss]"])

@@ -17,11 +17,13 @@ earlier attempt can answer.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
 import resource
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -110,8 +112,16 @@ class Dist:
         return t.to(self.device, non_blocking=True)
 
     def close(self) -> None:
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+        """Leave the process group. On the way out of work that ended well, the ranks meet first: a rank that
+        tears its group down (rank 0: its store too) while a peer is still in a collective can die in gloo's
+        teardown (SIGABRT, "terminate called without an active exception"). On the way out of a failure
+        they do not meet (a peer may be gone); a peer that failed alone is waited for 60 s at most."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        if self.enabled and sys.exc_info()[1] is None:
+            with contextlib.suppress(RuntimeError):  # a peer that failed alone: leave anyway, it says why itself
+                dist.monitored_barrier(group=self.control, timeout=timedelta(seconds=60))
+        dist.destroy_process_group()
 
     def lost_ranks(self, exc: BaseException) -> list[int] | None:
         """If ``exc`` is a collective that failed because a peer is gone: the ranks on this machine whose

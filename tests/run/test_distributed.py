@@ -212,3 +212,36 @@ def weights(run_dir, step):
 
 def same(a, b):
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+LEAVE = """
+import sys, time
+from gpt.run.distributed import setup
+d = setup("cpu")
+try:
+    if d.rank == 1 and sys.argv[1] == "fail":
+        raise ValueError("rank 1 fails alone")
+finally:
+    start = time.monotonic()
+    d.close()
+print(f"rank {d.rank} left in {time.monotonic() - start:.1f} s", flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["ok", "fail"])
+def test_ranks_meet_before_they_leave_and_a_rank_that_failed_alone_is_not_waited_for(tmp_path, how):
+    """Dist.close: after work that ended well every rank meets the others before tearing its group down (a
+    teardown under a peer's collective can abort the process); a peer that failed alone does not hold the
+    others for the group's 30-minute timeout."""
+    script = tmp_path / "leave.py"
+    script.write_text(LEAVE)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), how]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**ENV, "PYTHONPATH": str(ROOT)})
+    left = sorted(line for line in out.stdout.splitlines() if line.startswith("rank "))
+    if how == "ok":
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert [line[:12] for line in left] == ["rank 0 left ", "rank 1 left "]
+    else:
+        assert out.returncode != 0 and "rank 1 fails alone" in out.stderr
+        assert len(left) == 1 and left[0].startswith("rank 0 left in")
+        assert float(left[0].split()[-2]) < 61  # the 60 s bound at most, not the group's 30 minutes

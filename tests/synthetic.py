@@ -73,6 +73,16 @@ log: {{log_every: 1, progress: false}}
     return path
 
 
+def sized_grid_yaml(config: Path, steps: int, checkpoint_every: int, eval_every: int) -> Path:
+    """``write_train_yaml``'s config, rewritten in place for a sweep's cells: their length, checkpoints and
+    validations, and a test split of 4096 tokens (so that every cell is evaluated quickly)."""
+    text = config.read_text().replace("steps: 20", f"steps: {steps}")
+    text = text.replace("checkpoint_every: 10", f"checkpoint_every: {checkpoint_every}")
+    text = text.replace("eval_every: 10", f"eval_every: {eval_every}")
+    config.write_text(text.replace("data: {path:", "data: {test_tokens: 4096, path:"))
+    return config
+
+
 SYNC_PERMITTED = ("first_step", "log_record", "read_stats", "check_divergence", "validate", "checkpoint", "finish")
 
 

@@ -1,7 +1,8 @@
 """Every chart the harness draws, as PNG files. The per-step charts are declared once, in
 ``gpt.run.directory.CHARTS`` (file, metrics keys, label, scale), and drawn under the same file name for a
 run (its own curves, redrawn at each checkpoint by the ``RunCharts`` hook) and for a comparison (every
-run's curves coloured by group); a comparison adds the test loss by group with its intervals. A run that
+run's curves coloured by group); a comparison adds the test loss by group with its intervals and, where it chose
+each norm type's learning rate on validation, the validation loss against the rate (``LR_CHART``). A run that
 logs stats.jsonl (``gpt.analysis.inside``) also gets what each norm does inside the model (``INSIDE_CHARTS``),
 and a comparison of such runs one sheet of it by group (``INSIDE_SHEET``)."""
 
@@ -25,6 +26,7 @@ from gpt.run.directory import CHARTS, Chart, RunDir  # noqa: E402
 from gpt.training.hooks import RunHooks  # noqa: E402
 
 TEST_LOSS_CHART = "test_loss.png"  # a comparison's own chart: the held-out loss of each group
+LR_CHART = "lr_sensitivity.png"  # a comparison that chose rates on validation: val loss against the rate
 # A run's charts of its stats.jsonl, each of one per-block key, and their titles.
 INSIDE_CHARTS = {
     "resid_rms": ("inside_resid_rms.png", "RMS of the residual stream entering each block"),
@@ -119,17 +121,61 @@ class RunCharts(RunHooks):
 
 
 def comparison_charts(
-    curves: list[tuple[str, list[list[dict]]]], rows: list[dict], out: Path, inside: list[tuple[str, list[Stats]]] = ()
+    curves: list[tuple[str, list[list[dict]]]],
+    rows: list[dict],
+    out: Path,
+    inside: list[tuple[str, list[Stats]]] = (),
+    selection: dict | None = None,
 ) -> list[Path]:
     """Every run's curves of each chart in ``CHARTS`` (those any run logged), coloured by group, the test
-    loss by group and, where any run logged stats, ``INSIDE_SHEET``; returns the files. ``curves``: each
-    group's label and its runs' metrics records; ``rows``: the comparison's groups; ``inside``: each group's
-    label and its runs' stats (``gpt.analysis.inside.Stats``)."""
+    loss by group, where any run logged stats ``INSIDE_SHEET`` and, with a ``selection`` of learning rates
+    (``gpt.analysis.selection``), ``LR_CHART``; returns the files. ``curves``: each group's label and its runs'
+    metrics records; ``rows``: the comparison's groups; ``inside``: each group's label and its runs' stats
+    (``gpt.analysis.inside.Stats``)."""
     logged = {k for _, runs in curves for metrics in runs for m in metrics for k in m}
     drawn = [c for c in CHARTS if logged & {key for key, _ in c.series}]  # a results table has no curves
     written = [_plot_curves(curves, chart, out) for chart in drawn]
     sheet = [plot_inside_comparison(inside, out / INSIDE_SHEET)] if any(runs for _, runs in inside) else []
-    return [*written, _plot_test_loss(rows, out / TEST_LOSS_CHART), *sheet]
+    rates = [plot_lr_sensitivity(selection, out / LR_CHART)] if selection else []
+    return [*written, _plot_test_loss(rows, out / TEST_LOSS_CHART), *rates, *sheet]
+
+
+def plot_lr_sensitivity(selection: dict, path: Path) -> Path:
+    """The learning-rate sensitivity curve: each norm type's final validation loss against the rate (log x), a
+    line through its means over seeds with bars from its lowest to its highest seed and a dot per seed, the rate
+    chosen ringed. A rate that could not be chosen (a run diverged or did not finish) is not drawn; the legend
+    names it. Colours follow the comparison's other charts (norm types with a chosen rate first, in order)."""
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    families = sorted(selection["families"], key=lambda f: f["chosen"] is None)  # stable: the table's order
+    for i, family in enumerate(families):
+        colour = plt.get_cmap("tab10")(i % 10)
+        drawn = [r for r in family["rates"] if r["eligible"]]
+        left = ", ".join(f"{r['value']:g}" for r in family["rates"] if not r["eligible"])
+        xs, means = [r["value"] for r in drawn], [r["val_loss_mean"] for r in drawn]
+        bars = [
+            [m - r["val_loss_min"] for m, r in zip(means, drawn)],
+            [r["val_loss_max"] - m for m, r in zip(means, drawn)],
+        ]
+        label = family["family"] + (f" ({left}: not eligible, not drawn)" if left else "")
+        ax.errorbar(xs, means, yerr=bars, color=colour, marker="o", ms=5, capsize=4, label=label)
+        for r in drawn:
+            seeds = [run["val_loss"] for run in r["runs"]]
+            ax.plot([r["value"]] * len(seeds), seeds, ".", color=colour, alpha=0.5, ms=4)
+            if r["chosen"]:
+                ax.plot(r["value"], r["val_loss_mean"], "o", ms=15, mfc="none", mec=colour, mew=2)
+    ax.plot([], [], "o", ms=12, mfc="none", mec="grey", mew=2, label="chosen: lowest mean validation loss")
+    ax.set_xscale("log")
+    rates = sorted({r["value"] for f in families for r in f["rates"]})
+    ax.set_xticks(rates, [f"{v:g}" for v in rates])
+    ax.minorticks_off()
+    ax.set_xlabel(f"learning rate ({selection['key']}, log scale)")
+    ax.set_ylabel("final validation loss")
+    ax.set_title(
+        "validation loss against learning rate: mean over seeds, bars from lowest to highest seed", fontsize=10
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)
 
 
 def _plot_curves(curves: list[tuple[str, list[list[dict]]]], chart: Chart, out: Path) -> Path:

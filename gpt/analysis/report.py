@@ -19,6 +19,12 @@ def markdown(result: dict) -> str:
     lines = [f"# Comparison (baseline: {result['baseline']})", ""]
     if result.get("baseline_rule"):
         lines += [f"Baseline: {result['baseline_rule']}.", ""]
+    if result.get("selection"):
+        lines += [
+            f"Each norm type at its learning rate chosen on validation loss, never on test loss (section "
+            f"'{SELECTION_HEADING}'); every test loss below is at the chosen rate.",
+            "",
+        ]
     if result["test_range"]:
         t = result["test_range"]
         lines += [
@@ -36,6 +42,7 @@ def markdown(result: dict) -> str:
     else:
         lines += shared_lines(result)
     lines += _main_table(result["groups"])
+    lines += selection_lines(result.get("selection"))
     lines += _inside_lines(result.get("inside"))
     for f in result.get("failed") or []:
         lines += ["", f"**Failed, no result:** {f['run']}: {f['error']}"]
@@ -58,6 +65,51 @@ def markdown(result: dict) -> str:
     if missing:
         lines += ["", "Not evaluated (run `python evaluate.py` on them): " + ", ".join(missing)]
     return "\n".join(lines) + "\n"
+
+
+SELECTION_HEADING = "Learning rate chosen on validation"
+
+
+def selection_lines(selection: dict | None) -> list[str]:
+    """Every rate's validation loss by norm type with the choice marked, how it was chosen, and what the
+    intervals at the chosen rate do not account for (``gpt.analysis.selection``); nothing without a selection."""
+    if not selection:
+        return []
+    key, steps = selection["key"], selection["val_steps"]
+    at = f"step {steps[0]:,}" if len(steps) == 1 else f"steps {', '.join(f'{s:,}' for s in steps)}" if steps else "-"
+    lines = [
+        "",
+        f"## {SELECTION_HEADING}",
+        "",
+        f"Per norm type, the {key} with the lowest mean over seeds of {selection['measure']}; here at {at}. "
+        "The selection was on validation, never on test: no test loss chose anything. A rate where a run "
+        "diverged, did not finish or is missing could not be chosen. lr_sensitivity.png draws this table.",
+        "",
+        f"| norm type | {key} | seeds | validation loss mean | sd | min over seeds | max over seeds | choice |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for family in selection["families"]:
+        for i, rate in enumerate(family["rates"]):
+            choice = "**chosen**" if rate["chosen"] else ("" if rate["eligible"] else f"not eligible: {rate['reason']}")
+            lines.append(
+                f"| {family['family'] if i == 0 else ''} | {rate['value']:g} | {rate['n']} of {len(rate['runs'])} | "
+                f"{_fmt(rate['val_loss_mean'], '.6f')} | {_fmt(rate['val_loss_sd'], '.6f')} | "
+                f"{_fmt(rate['val_loss_min'], '.6f')} | {_fmt(rate['val_loss_max'], '.6f')} | {choice} |"
+            )
+    lines += [""] + [
+        f"- {f['family']}: no rate chosen (none had a completed run with a validation loss at every seed), so it "
+        "is not in the test-loss table."
+        for f in selection["families"]
+        if f["chosen"] is None
+    ]
+    return lines + [
+        "- The test losses, intervals and p-values at the chosen rates do not account for the selection: they "
+        "treat each rate as fixed before the runs. The rate was chosen on the same runs whose test losses are "
+        "reported; the test tokens chose nothing, but a rate that won because its seeds happened to train well "
+        "carries that luck into its test loss, so a chosen rate's test loss (and its difference to the baseline's) "
+        "can be optimistic, and new seeds may choose another rate. For numbers free of the choice, train each "
+        f"chosen rate again with new seeds (sweep.py --set {key}=RATE --seeds ...) and compare those.",
+    ]
 
 
 def _inside_lines(inside: dict | None) -> list[str]:

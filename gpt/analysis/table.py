@@ -20,7 +20,9 @@ design the shared seeds form decides the model behind every interval (``gpt.anal
 independent seeds, crossed seeds, one seed held fixed), and the report says which each row used.
 Each comparison has a p-value and, with more than one group against the baseline, a Holm-adjusted
 one for the family; a prospective plan (``--detect``, the equivalence margin by default) and, with
-a margin, a TOST verdict follow the same model. Every evaluation task that declares metrics
+a margin, a TOST verdict follow the same model. With ``select_on="val"`` the learning rate (``optim.lr``) is an
+axis chosen on validation loss per norm type (``gpt.analysis.selection``): only the chosen rates' groups are
+compared, against the baseline norm type at its own chosen rate. Every evaluation task that declares metrics
 (``gpt.evaluation.tasks``: HellaSwag, ...) and that a run's checkpoint was evaluated on is compared
 over seeds the same way; item-level tests (a task that keeps every item's answers) are statements
 about two named checkpoints only. A group whose initialisation and data-order seeds are crossed gets its
@@ -50,6 +52,7 @@ from gpt.analysis import stats
 from gpt.analysis.charts import INSIDE_SHEET, comparison_charts
 from gpt.analysis.inside import Stats, load_stats
 from gpt.analysis.report import markdown
+from gpt.analysis.selection import LR_KEY, check_select_on, select_rates
 from gpt.common.errors import UserError
 from gpt.common.files import write_atomically, write_json
 from gpt.config import NORM_TYPES, flatten
@@ -653,6 +656,59 @@ def inside_of(groups: list[Group], out: Path) -> tuple[dict, list[tuple[str, lis
     return summary, [(label, [s for _, s in runs if s is not None]) for label, runs in loaded]
 
 
+def load_runs(paths: list[Path], results: Path | None, vary: list[str], allow_differ: list[str], **load) -> list[Run]:
+    """The runs to compare: the rows of a results table, or the run directories ``paths`` (``load``: ``load_run``'s
+    keywords)."""
+    if results is not None:
+        if paths:
+            raise UserError("give run directories or --results FILE.csv, not both")
+        if vary or allow_differ:
+            raise UserError("--vary and --allow-differ read run directories; a results table has groups already")
+        runs = runs_from_results(results)
+    else:
+        runs = [load_run(p, **load) for p in paths]
+    if not runs:
+        raise UserError("no runs to compare")
+    return runs
+
+
+def choose_selected(groups: list[Group], selection: dict, baseline: str | None) -> tuple[list[Group], str, str]:
+    """The group of each norm type's rate chosen on validation (``gpt.analysis.selection``), the baseline among
+    them and why: ``baseline`` names a norm type (compared at its chosen rate) or a chosen group; by default
+    ``choose_baseline``'s rule over the norm types."""
+    chosen = {f["family"]: f["chosen"] for f in selection["families"] if f["chosen"] is not None}
+    by_label = {g.label: g for g in groups}
+    compared = [by_label[label] for label in chosen.values()]
+    if not compared:
+        raise UserError(
+            "--select-on val: no learning rate of any norm type has every run completed with a validation loss: "
+            + "; ".join(f"{rate['group']}: {rate['reason']}" for f in selection["families"] for rate in f["rates"])
+        )
+    if baseline in chosen.values():
+        return compared, baseline, "--baseline"
+    if baseline is not None and baseline not in chosen:
+        raise UserError(
+            f"--baseline {baseline!r}: with --select-on val name a norm type, compared at its learning rate chosen "
+            f"on validation; one of: {', '.join(chosen)}"
+        )
+    families = [
+        Group(name, {k: v for k, v in by_label[label].values.items() if k != LR_KEY}) for name, label in chosen.items()
+    ]
+    name, why = choose_baseline(families, baseline)
+    return compared, chosen[name], why if baseline is not None else f"{why}, at its learning rate chosen on validation"
+
+
+def compared_groups(
+    groups: list[Group], baseline: str | None, select_on: str | None
+) -> tuple[list[Group], str, str, dict | None]:
+    """The groups whose test losses are compared, the baseline's label, why it is the baseline, and the selection
+    of learning rates made on ``select_on`` (None: every group, no selection)."""
+    if select_on is None:
+        return (groups, *choose_baseline(groups, baseline), None)
+    selection = select_rates(groups, AXIS)
+    return (*choose_selected(groups, selection, baseline), selection)
+
+
 def compare(
     paths: list[Path],
     out: Path,
@@ -669,38 +725,36 @@ def compare(
     offset: int | None = None,
     results: Path | None = None,
     failed: dict[str, str] | None = None,
+    select_on: str | None = None,
 ) -> dict:
     """Write comparison.md, comparison.json, runs.csv and the plots into ``out``; return the result. Runs that
     differ in more than the norm and the seeds are refused before anything is written, unless each differing
     key is named in ``vary`` (a group per value) or ``allow_differ`` (accepted, and said in the report).
     ``results``: a results table (CSV) to compare instead of run directories. ``failed``: runs that ended
-    without a result, each with its error (a sweep's failed cells), named in the report."""
+    without a result, each with its error (a sweep's failed cells), named in the report. ``select_on="val"``:
+    optim.lr is an axis, each norm type's rate is chosen on validation loss (``gpt.analysis.selection``) and the
+    test losses are compared at the chosen rates only."""
     for flag, value in (("--equivalence-margin", equivalence_margin), ("--detect", detect)):
         if value is not None and not value > 0:
             raise UserError(f"{flag} {value} must be > 0 (a loss difference, e.g. 0.01)")
-    if results is not None:
-        if paths:
-            raise UserError("give run directories or --results FILE.csv, not both")
-        if vary or allow_differ:
-            raise UserError("--vary and --allow-differ read run directories; a results table has groups already")
-        runs = runs_from_results(results)
-    else:
-        runs = [load_run(p, which, split, precision, tokens, offset) for p in paths]
-    if not runs:
-        raise UserError("no runs to compare")
+    check_select_on(select_on, results is not None)
+    vary = [*vary, LR_KEY] if select_on is not None and not _named(LR_KEY, vary) else list(vary)
+    load = {"which": which, "split": split, "precision": precision, "tokens": tokens, "offset": offset}
+    runs = load_runs(paths, results, vary, allow_differ, **load)
     check_names(runs, vary, allow_differ)
     if results is None:  # a results table holds test losses, not what they were measured on
         check_comparable(runs)
     allowed = check_only_the_norm_differs(runs, vary, allow_differ)
     groups = group_runs(runs, vary)
-    baseline, why = choose_baseline(groups, baseline)
+    groups, baseline, why, selection = compared_groups(groups, baseline, select_on)
     result = {
         **summarise(groups, baseline, equivalence_margin, detect),
         "baseline_rule": why,
         "source": str(results) if results is not None else None,
         "shared": shared_by_all(runs) if results is None else {},
         "allowed_to_differ": allowed,
-        "varied": list(vary),
+        "varied": vary,
+        "selection": selection,
         "without_fingerprint": [r.path.name for r in runs if not r.fingerprinted] if results is None else [],
         "failed": [{"run": name, "error": error} for name, error in (failed or {}).items()],
     }
@@ -711,5 +765,5 @@ def compare(
     write_json(out / COMPARISON_FILE, json_safe(result), default=str, allow_nan=False)  # NaN -> null: standard JSON
     results_table.write_results(results_rows(groups), out / RESULTS_CSV)
     curves = [(g.label, [r.metrics for r in g.runs]) for g in groups]
-    result["plots"] = [str(p) for p in comparison_charts(curves, result["groups"], out, inside)]
+    result["plots"] = [str(p) for p in comparison_charts(curves, result["groups"], out, inside, selection)]
     return result

@@ -2,6 +2,7 @@
 
     python scripts/compare.py runs/* [--baseline handrolled_layernorm] [--out comparison/] [--equivalence-margin 0.01]
     python scripts/compare.py runs/* --vary optim.lr --baseline "handrolled_layernorm, optim.lr=0.0014"
+    python scripts/compare.py runs/lr-* --select-on val --allow-differ optim.min_lr  # each norm's rate chosen on val
     python scripts/compare.py runs/* --allow-differ hardware.name     # seeds trained on two kinds of GPU
     python scripts/compare.py --results table.csv --detect 0.01       # numbers from anywhere (gpt.analysis.results)
     python -m gpt.commands.compare ...   /   gpt-compare ...
@@ -9,8 +10,10 @@
 Reads only run directories (config, metrics, summary with the fingerprints, and the evaluation
 evaluate.py wrote beside the chosen checkpoint). Runs must differ in the norm type and the seeds
 only: any other difference in their configs, fingerprints or evaluations is refused, naming each
-key, unless --vary or --allow-differ names it. Writes comparison.md, comparison.json, runs.csv (as
---results reads it) and the charts into --out, and prints the report.
+key, unless --vary or --allow-differ names it. --select-on val makes optim.lr an axis, chooses each norm
+type's rate by its lowest mean validation loss over seeds and compares the test losses at the chosen rates
+(gpt.analysis.selection). Writes comparison.md, comparison.json, runs.csv (as --results reads it) and the
+charts into --out, and prints the report.
 """
 
 from __future__ import annotations
@@ -75,23 +78,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_differing_keys(parser: argparse.ArgumentParser) -> None:
-    """--vary and --allow-differ: the keys runs may differ in, and how."""
-    parser.add_argument(
-        "--vary",
-        action="append",
-        default=[],
-        metavar="KEY",
+    """--vary, --allow-differ and --select-on: the keys runs may differ in, and how."""
+    add = parser.add_argument
+    add("--vary", action="append", default=[], metavar="KEY",
         help="a config or fingerprint key the runs may differ in, as an axis of the table: one "
-        "group per norm type and value (repeatable)",
-    )
-    parser.add_argument(
-        "--allow-differ",
-        action="append",
-        default=[],
-        metavar="KEY",
+        "group per norm type and value (repeatable)")  # fmt: skip
+    add("--allow-differ", action="append", default=[], metavar="KEY",
         help="a key the runs may differ in without forming groups; the report says so "
-        "(repeatable; a prefix like data.train names every key under it)",
-    )
+        "(repeatable; a prefix like data.train names every key under it)")  # fmt: skip
+    add("--select-on", choices=("val",),
+        help="val: per norm type, the optim.lr with the lowest mean validation loss over seeds (never the test "
+        "loss); test losses compared at the chosen rates (implies --vary optim.lr)")  # fmt: skip
 
 
 @command
@@ -107,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     from gpt.analysis.table import compare
 
     keys = ("which", "split", "precision", "equivalence_margin", "detect", "vary", "allow_differ", "tokens", "offset")
+    keys += ("select_on",)
     result = compare(args.runs, args.out, args.baseline, results=args.results, **{k: getattr(args, k) for k in keys})
     print(markdown(result), end="")
     print(

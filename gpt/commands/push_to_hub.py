@@ -6,9 +6,9 @@
 
 Uploads, in one commit: model.safetensors, config.json, the modelling code (every norm
 type; AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True)) or, with
---native-gpt2, the stock GPT2LMHeadModel layout (LayerNorm models only), the GPT-2
-tokenizer files, the model card with the test loss evaluate.py wrote, and loss.png. The
-token comes from HF_TOKEN or `hf auth login`, and is written nowhere. A failed upload is
+--native-gpt2, the stock GPT2LMHeadModel layout (pre-norm LayerNorm models without QK-norm
+only), the GPT-2 tokenizer files, the model card with the test loss evaluate.py wrote, and
+loss.png. The token comes from HF_TOKEN or `hf auth login`, and is written nowhere. A failed upload is
 retried with backoff, then reported in one line (exit status 2); nothing local changes.
 """
 
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--native-gpt2",
         action="store_true",
-        help="the stock GPT2LMHeadModel layout, no remote code (LayerNorm models only)",
+        help="the stock GPT2LMHeadModel layout, no remote code (pre-norm LayerNorm models without QK-norm only)",
     )
     parser.add_argument(
         "--comparison",

@@ -3,6 +3,7 @@
     python scripts/sweep.py configs/gpt2-small.yaml --norm-types handrolled_layernorm pytorch_layernorm \
         --seeds 0 1 2 [--nproc 8] [--set KEY=VALUE ...] [--dry-run]
     python scripts/sweep.py configs/tiny.yaml --norm-types pytorch_layernorm --init-seeds 0 1 2 --data-seeds 0 1 2
+    python scripts/sweep.py configs/tiny.yaml --seeds 0 1 --lrs 7e-4 1.4e-3 2.8e-3    (rates chosen on val)
     python scripts/sweep.py configs/gpt2-small.yaml --seeds 0 1 2 --launcher slurm --gpus-per-node 8 \
         --time 04:00:00 --partition gpu [--nodes 2] [--slurm-opt KEY=VALUE ...] [--dry-run]
     python scripts/sweep.py configs/gpt2-small.yaml --seeds 0 1 2 --status     (the cells' jobs and progress)
@@ -11,9 +12,12 @@
 Locally, cells run one after another (each under torchrun when --nproc > 1) in
 runs/<config>-<norm-type>-s<seed>; with --init-seeds and --data-seeds, every initialisation seed is
 crossed with every data-order seed (runs/<config>-<norm-type>-i<init>-s<data>), and the comparison
-splits each group's seed-to-seed variance between the two. With --launcher slurm, every cell is a task
-of one job array (checkpointed and requeued before its time limit) and a last job compares them when
-they have all ended (docs/cluster.md). Rerunning the same command skips finished cells, resumes (or
+splits each group's seed-to-seed variance between the two. --lrs crosses the grid with learning rates
+(runs/<config>-<norm-type>-lr<rate>-s<seed>, optim.min_lr at the config's ratio to optim.lr unless --set
+fixes it); the comparison then picks each norm type's rate on validation loss and compares the test
+losses at the chosen rates (compare --select-on val). With --launcher slurm, every cell is a task of one
+job array (checkpointed and requeued before its time limit) and a last job compares them when they have
+all ended (docs/cluster.md). Rerunning the same command skips finished cells, resumes (or
 leaves running) the others. --dry-run prints the commands or job scripts instead. --push-to-hub USER
 then publishes the whole sweep, as scripts/publish_sweep.py RUNS_DIR --namespace USER does.
 """
@@ -37,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_grid(parser, list(NORM_TYPES), [0])
     add("--init-seeds", nargs="+", type=int, metavar="SEED", help="model.init_seed values, crossed with --data-seeds")
     add("--data-seeds", nargs="+", type=int, metavar="SEED", help="train.seed values, crossed with --init-seeds")
+    add("--lrs", nargs="+", type=float, metavar="LR", help="optim.lr values, crossed with the grid; chosen on val")
     add("--nproc", type=int, help="processes per run and node (torchrun when > 1; default 1, or --gpus-per-node)")
     add("--runs-dir", type=Path, default=Path("runs"))
     add_overrides(parser, "a config value of every cell")
@@ -81,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         result = run_sweep(
             args.config, args.norm_types, args.seeds, args.runs_dir, init_seeds=args.init_seeds,
-            data_seeds=args.data_seeds, nproc=spec.nproc, overrides=args.overrides, out=args.out,
+            data_seeds=args.data_seeds, lrs=args.lrs, nproc=spec.nproc, overrides=args.overrides, out=args.out,
             dry_run=args.dry_run, hooks_for=standard_hooks, **spec.compare_options(),
         )  # fmt: skip
     if result is not None:

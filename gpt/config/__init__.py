@@ -4,7 +4,7 @@
     cfg = load_config("configs/tiny.yaml", ["model.norm_type=pytorch_rmsnorm"])
 
 Owns: every config key with its default and doc, the names a config may choose among (norm types,
-schedules, precisions), overrides, the differences that refuse a resume.
+norm placements, schedules, precisions), overrides, the differences that refuse a resume.
 May import: ``gpt.common``; never torch (a config is checked before anything heavy loads).
 """
 
@@ -21,6 +21,7 @@ from gpt.config.loader import (
     parse_yaml,
 )
 from gpt.config.schema import (
+    NORM_PLACEMENTS,
     NORM_TYPES,
     PRECISIONS,
     RESUMABLE,
@@ -36,6 +37,7 @@ from gpt.config.schema import (
 )
 
 __all__ = [
+    "NORM_PLACEMENTS",
     "NORM_TYPES",
     "PRECISIONS",
     "SCHEDULES",

@@ -22,7 +22,8 @@ from gpt.common.errors import quoted
 # The choices a config may name. This package imports no torch (a config is checked before anything heavy
 # loads), so the implementations keep their own registries and tests hold these copies equal to them:
 # gpt.model.norms (the norm registry, shipped alone to the Hub; tests/model/test_norms.py prints the edit to
-# make here when they differ), gpt.training.schedule and gpt.model.loss (tests/behaviour/test_architecture.py).
+# make here when they differ), gpt.model.gpt's NORM_PLACEMENTS, gpt.training.schedule and gpt.model.loss
+# (tests/behaviour/test_architecture.py).
 NORM_TYPES = (
     "handrolled_layernorm",
     "pytorch_layernorm",
@@ -32,6 +33,7 @@ NORM_TYPES = (
     "dyt",
     "handrolled_layernorm_fast",
 )
+NORM_PLACEMENTS = ("pre", "post", "peri")  # where a block's norms sit (model.norm_placement)
 SCHEDULES = ("cosine", "constant", "wsd")
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -118,6 +120,18 @@ class ModelConfig:
     # The norm types' own parameters (gpt.model.norms.NORM_PARAMS), one field each: same name, default and doc.
     norm_eps: float = opt(1e-5, "eps of every norm that has one (hand-rolled and PyTorch alike)", gt=0)
     dyt_alpha_init: float = opt(0.5, "initial alpha of the dyt norm", gt=0)
+    norm_placement: str = opt(
+        "pre",
+        "where each block's norms sit: pre: x + f(ln(x)) (GPT-2); post: ln(x + f(x)) (the original Transformer); "
+        "peri: x + ln_out(f(ln(x))) (Peri-LN: a norm before and after each sublayer, ln_1_out / ln_2_out); "
+        "the final norm ln_f stays in every placement",
+        choices=NORM_PLACEMENTS,
+    )
+    qk_norm: bool = opt(
+        False,
+        "QK-norm: a norm of model.norm_type over each head's queries and keys (width d_model / n_heads, "
+        "attn.q_norm / attn.k_norm) before their dot product; keys are cached normalised",
+    )
     init: str = opt(
         "pytorch",
         "pytorch: PyTorch's default init (the write-up); "

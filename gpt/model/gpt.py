@@ -3,6 +3,11 @@
 Built from parts to whole: attention, MLP, block, model. Shapes: B batch, T sequence
 length, C = d_model, V = vocab_size, nh heads of hs = C / nh features each.
 
+Where the norms sit is ``cfg.norm_placement`` (pre, post or peri; see ``Block``), and
+``cfg.qk_norm`` adds a norm over each head's queries and keys (see ``CausalSelfAttention``).
+Every placement keeps the names ``ln_1``, ``ln_2`` and ``ln_f`` and every non-norm parameter's
+name, so the placement changes no other weight's initial value.
+
 Initialisation is explicit and per parameter: after construction, every parameter
 that is not part of a norm layer is drawn again from a generator seeded by
 ``(seed, parameter name)``. So a parameter's initial value depends only on the seed,
@@ -16,7 +21,8 @@ passes neither and takes the plain causal path.
 
 This file is shipped verbatim to the Hub beside ``norms.py`` and ``loss.py`` (the published
 model's remote code wraps this very ``GPT``), so it imports torch and its two siblings only.
-``cfg`` is a ``gpt.config.ModelConfig``, or any object with its fields.
+``cfg`` is a ``gpt.config.ModelConfig``, or any object with its fields (without ``norm_placement``
+and ``qk_norm``: pre-norm, no QK-norm, the model as it was before they existed).
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ import torch.nn.functional as F
 from .loss import cross_entropy
 from .norms import is_norm, make_norm
 
+NORM_PLACEMENTS = ("pre", "post", "peri")  # model.norm_placement's choices (gpt.config holds a copy)
+
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg):
@@ -38,6 +46,10 @@ class CausalSelfAttention(nn.Module):
         self.n_heads = cfg.n_heads
         self.dropout = cfg.dropout
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.qkv_bias)  # q, k, v at once
+        self.qk_norm = bool(getattr(cfg, "qk_norm", False))
+        if self.qk_norm:  # QK-norm: one norm over each head's hs query features, one over its key features
+            self.q_norm = make_norm(cfg, cfg.d_model // cfg.n_heads)
+            self.k_norm = make_norm(cfg, cfg.d_model // cfg.n_heads)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)  # residual projection
         self.resid_drop = nn.Dropout(cfg.dropout)
 
@@ -48,6 +60,10 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
         # (B, T, C) -> (B, nh, T, hs): heads become a batch dimension
         q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in (q, k, v))
+        if self.qk_norm:
+            # before the cache, so the cached keys are normalised ones; in v's dtype again, as autocast
+            # computes some norms in float32
+            q, k = self.q_norm(q).to(v.dtype), self.k_norm(k).to(v.dtype)
         if cache is not None:
             k, v = cache.update(k, v, layer)  # (B, nh, S, hs): the cached tokens', then these
         y = F.scaled_dot_product_attention(
@@ -75,16 +91,34 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Attention, then MLP, each on the residual stream; ``cfg.norm_placement`` says where the norms sit:
+
+    pre:  x = x + attn(ln_1(x));            x = x + mlp(ln_2(x))            (GPT-2; the default)
+    post: x = ln_1(x + attn(x));            x = ln_2(x + mlp(x))            (the original Transformer)
+    peri: x = x + ln_1_out(attn(ln_1(x)));  x = x + ln_2_out(mlp(ln_2(x)))  (Peri-LN: before and after)
+    """
 
     def __init__(self, cfg):
         super().__init__()
+        self.placement = getattr(cfg, "norm_placement", "pre")
+        if self.placement not in NORM_PLACEMENTS:
+            raise ValueError(f"unknown norm_placement {self.placement!r}; valid: {', '.join(NORM_PLACEMENTS)}")
         self.ln_1 = make_norm(cfg)
         self.attn = CausalSelfAttention(cfg)
+        if self.placement == "peri":
+            self.ln_1_out = make_norm(cfg)  # on the attention's output, before it joins the residual stream
         self.ln_2 = make_norm(cfg)
         self.mlp = MLP(cfg)
+        if self.placement == "peri":
+            self.ln_2_out = make_norm(cfg)  # on the MLP's output
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache=None, layer: int = 0) -> torch.Tensor:
+        if self.placement == "post":  # the residual stream itself is normalised after each sum
+            x = self.ln_1(x + self.attn(x, mask, cache, layer))
+            return self.ln_2(x + self.mlp(x))
+        if self.placement == "peri":  # what each sublayer adds is normalised; the stream never is
+            x = x + self.ln_1_out(self.attn(self.ln_1(x), mask, cache, layer))
+            return x + self.ln_2_out(self.mlp(self.ln_2(x)))
         x = x + self.attn(self.ln_1(x), mask, cache, layer)
         return x + self.mlp(self.ln_2(x))
 
@@ -153,7 +187,9 @@ class GPT(nn.Module):
             self.wpe = nn.Embedding(cfg.context_length, cfg.d_model)  # learned positions
             self.drop = nn.Dropout(cfg.dropout)
             self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-            self.ln_f = make_norm(cfg)  # the norm before the output head
+            # the norm before the output head, in every placement: after post-norm it normalises the last
+            # block's normalised output again, and keeps one module tree (and its names) for all three
+            self.ln_f = make_norm(cfg)
             self.lm_head = nn.Linear(cfg.d_model, rows, bias=False)
         if cfg.tie_weights:
             self.lm_head.weight = self.wte.weight
@@ -230,7 +266,8 @@ class GPT(nn.Module):
         """Training FLOPs per token of the model's matmuls (forward + backward):
         6 x (weights of every linear layer, the output head included, its vocabulary padding not;
         the two embeddings are lookups) + 12 x n_layers x context_length x d_model (attention's
-        scores and weighted sum at full context, causal masking not discounted, as in PaLM)."""
+        scores and weighted sum at full context, causal masking not discounted, as in PaLM). Norms,
+        QK-norm included, are elementwise and not counted: every placement has the same count."""
         c = self.cfg
         matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
         matmul -= (c.padded_vocab_size - c.vocab_size) * c.d_model

@@ -2,8 +2,9 @@
 
 Both directions come from one table of names. transformers' GPT-2 stores its linear
 layers as ``Conv1D`` with weights of shape (in, out); ours are ``nn.Linear``, (out, in),
-so those are transposed. Only LayerNorm models map onto GPT-2 (``pytorch_layernorm``
-and the hand-rolled LayerNorms compute the same function with the same parameter names).
+so those are transposed. Only pre-norm LayerNorm models without QK-norm map onto GPT-2
+(``pytorch_layernorm`` and the hand-rolled LayerNorms compute the same function with the same
+parameter names; ``gpt2_mismatch`` says what else keeps a model from it).
 """
 
 from __future__ import annotations
@@ -66,6 +67,21 @@ def model_config_from_hf(hf_config: Any, norm_type: str = "pytorch_layernorm") -
     )
 
 
+def gpt2_mismatch(cfg: ModelConfig) -> tuple[str, str] | None:
+    """What keeps ``GPT2LMHeadModel`` (LayerNorm, pre-norm, no QK-norm) from computing ``cfg``'s model, and
+    what it allows instead, in words; None where nothing does."""
+    if cfg.norm_type not in HF_COMPATIBLE_NORMS:
+        wrong = f"GPT2LMHeadModel has LayerNorm only, and this model's norm is {cfg.norm_type}"
+        return wrong, ", ".join(HF_COMPATIBLE_NORMS)
+    if cfg.norm_placement != "pre" or cfg.qk_norm:
+        return (
+            f"GPT2LMHeadModel is pre-norm without QK-norm, and this model has norm_placement "
+            f"{cfg.norm_placement} and qk_norm {str(cfg.qk_norm).lower()}",
+            "norm_placement pre and qk_norm false",
+        )
+    return None
+
+
 def hf_config_kwargs(cfg: ModelConfig) -> dict:
     """Keyword arguments of a transformers ``GPT2Config`` with the same shape as ``cfg``."""
     if cfg.norm_type not in HF_COMPATIBLE_NORMS:
@@ -73,6 +89,9 @@ def hf_config_kwargs(cfg: ModelConfig) -> dict:
             f"norm_type {cfg.norm_type!r} has no GPT2LMHeadModel equivalent; "
             f"convertible: {', '.join(HF_COMPATIBLE_NORMS)}"
         )
+    mismatch = gpt2_mismatch(cfg)
+    if mismatch is not None:
+        raise ValueError(f"{mismatch[0]}; convertible: {mismatch[1]}")
     return dict(
         vocab_size=cfg.vocab_size,
         n_positions=cfg.context_length,

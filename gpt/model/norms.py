@@ -1,4 +1,4 @@
-"""Normalisation layers, their registry, and the one factory every block calls: ``make_norm(cfg)``.
+"""Normalisation layers, their registry, and the one factory every norm of the model comes from: ``make_norm(cfg)``.
 
 Each norm type is declared once, as a ``NormType`` in the registry at the end of this file (its
 name, builder, module types, own parameters with defaults and docs); ``NORM_TYPES``,
@@ -214,17 +214,18 @@ def _param(cfg: Any, p: NormParam) -> Any:
     return p.default if value is None else type(p.default)(value)
 
 
-def make_norm(cfg: Any) -> nn.Module:
+def make_norm(cfg: Any, dim: int | None = None) -> nn.Module:
     """Build the norm layer named by ``cfg.norm_type`` (or ``cfg["norm_type"]``).
 
-    The width is ``d_model`` (``emb_dim`` is accepted for the write-up's dict
-    configs); each of the type's parameters is read by its config key (``norm_eps``,
-    ``dyt_alpha_init``), its default where the config has none.
+    The width is ``dim`` where given (a QK-norm's is one head's, d_model / n_heads), else
+    ``d_model`` (``emb_dim`` is accepted for the write-up's dict configs); each of the type's
+    parameters is read by its config key (``norm_eps``, ``dyt_alpha_init``), its default where
+    the config has none.
     """
     norm_type = _cfg_get(cfg, "norm_type")
     if norm_type not in NORMS:
         raise ValueError(f"unknown norm_type {norm_type!r}; valid types: {', '.join(NORM_TYPES)}")
-    dim = _cfg_get(cfg, "d_model", None) or _cfg_get(cfg, "emb_dim")
+    dim = dim or _cfg_get(cfg, "d_model", None) or _cfg_get(cfg, "emb_dim")
     if dim is None:
         raise ValueError("make_norm needs the width as cfg d_model (or emb_dim)")
     norm = NORMS[norm_type]

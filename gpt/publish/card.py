@@ -22,6 +22,13 @@ from gpt.run.distributed import PEAK_MEMORY, peak_memory_of
 
 LICENSE = "mit"
 
+# model.norm_placement in words: where each block's norms sit
+PLACEMENTS = {
+    "pre": "pre-norm (each block: x + f(norm(x)), as GPT-2)",
+    "post": "post-norm (each block: norm(x + f(x)), as the original Transformer)",
+    "peri": "peri-norm (each block: x + norm(f(norm(x))), a norm before and after each sublayer)",
+}
+
 
 @dataclass
 class CardFacts:
@@ -105,7 +112,8 @@ def model_lines(cfg: Config, f: CardFacts) -> list[str]:
         f"- GPT-2-style decoder, {m.n_layers} layers, d_model {m.d_model}, {m.n_heads} heads, context "
         f"{m.context_length}, vocabulary {m.vocab_size:,} (GPT-2 BPE): {f.n_params:,} parameters "
         f"({'tied' if m.tie_weights else 'untied'} embeddings, Q/K/V bias {'on' if m.qkv_bias else 'off'}).",
-        f"- Norm layer: **`{m.norm_type}`** (eps {m.norm_eps:g}), pre-norm, in every block and before the head.",
+        f"- Norm layer: **`{m.norm_type}`** (eps {m.norm_eps:g}), {PLACEMENTS[m.norm_placement]}, and before the "
+        "head; " + ("QK-norm: the same norm over each head's queries and keys." if m.qk_norm else "no QK-norm."),
         f"- Training: {_fmt(f.step, ',')} steps of {cfg.tokens_per_step:,} tokens ({_fmt(f.tokens, ',')} tokens), "
         f"AdamW (lr {o.lr:g}, betas {o.beta1:g}/{o.beta2:g}, weight decay {o.weight_decay:g}), "
         f"{o.warmup_frac:.0%} linear warmup then {o.schedule} to {o.min_lr:g}, precision "
@@ -217,6 +225,13 @@ def usage_lines(f: CardFacts) -> list[str]:
     ]
 
 
+def _variant(cfg: Config) -> str:
+    """Where the norms sit and QK-norm, where they are not the default (pre-norm, no QK-norm)."""
+    m = cfg.model
+    words = ([f"{m.norm_placement}-norm"] if m.norm_placement != "pre" else []) + (["QK-norm"] if m.qk_norm else [])
+    return "".join(f", {w}" for w in words)
+
+
 def card_text(cfg: Config, f: CardFacts) -> str:
     """The whole README.md."""
     head = "---\n" + yaml.safe_dump(metadata(cfg, f), sort_keys=False) + "---\n"
@@ -224,7 +239,7 @@ def card_text(cfg: Config, f: CardFacts) -> str:
         f"# {f.repo_id.split('/')[-1]}",
         "",
         f"A GPT-2-style model trained with gpt-norm-harness to compare "
-        f"normalisation layers; this one uses `{cfg.model.norm_type}`.",
+        f"normalisation layers; this one uses `{cfg.model.norm_type}`{_variant(cfg)}.",
         "",
         *status_lines(f),
     ]

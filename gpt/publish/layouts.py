@@ -5,7 +5,8 @@
   ``configuration_gpt_norm.py``) and verbatim copies of the model's own files
   (``gpt/model/gpt.py``, ``norms.py``, ``loss.py``): the published network is the trained one.
   Loads with ``AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True)``.
-- ``Layout.NATIVE_GPT2`` (LayerNorm models only): the stock ``GPT2LMHeadModel`` layout, no code.
+- ``Layout.NATIVE_GPT2`` (pre-norm LayerNorm models without QK-norm only): the stock ``GPT2LMHeadModel``
+  layout, no code.
 
 Exports read tensors straight from the checkpoint's safetensors (no model is built), so an
 upload during training costs the training thread nothing.
@@ -27,7 +28,7 @@ from gpt.config import Config, config_from_dict, config_to_dict
 from gpt.data.tokenizer import EOT_TOKEN
 from gpt.model.gpt import GPT, VOCAB_ROWS
 from gpt.model.gpt2_weights import (
-    HF_COMPATIBLE_NORMS,
+    gpt2_mismatch,
     hf_config_kwargs,
     model_config_from_hf,
     state_dict_from_hf,
@@ -66,11 +67,11 @@ def export_weights(cfg: Config, sd: dict[str, torch.Tensor], layout: Layout) -> 
         shared = sd["wte.weight"] if "wte.weight" in sd else sd["lm_head.weight"]
         sd = {**sd, "wte.weight": shared, "lm_head.weight": shared}
     if layout is Layout.NATIVE_GPT2:
-        if m.norm_type not in HF_COMPATIBLE_NORMS:
+        mismatch = gpt2_mismatch(m)
+        if mismatch is not None:
+            wrong, allowed = mismatch
             raise HubError(
-                f"--native-gpt2: GPT2LMHeadModel has LayerNorm only, and this model's norm is "
-                f"{m.norm_type}; publish it with remote code (without --native-gpt2); native: "
-                f"{', '.join(HF_COMPATIBLE_NORMS)}"
+                f"--native-gpt2: {wrong}; publish it with remote code (without --native-gpt2); native: {allowed}"
             )
         out = state_dict_to_hf(sd, m)
     else:
@@ -103,6 +104,8 @@ def remote_config(cfg: Config) -> dict:
         "n_layer": m.n_layers,
         "n_head": m.n_heads,
         "norm_type": m.norm_type,
+        "norm_placement": m.norm_placement,
+        "qk_norm": m.qk_norm,
         **norm_param_values(m),  # every norm parameter of the registry (norm_eps, dyt_alpha_init, ...)
         "qkv_bias": m.qkv_bias,
         "tie_word_embeddings": m.tie_weights,

@@ -1,16 +1,20 @@
-"""The layout of a sweep: which runs (cells) a grid of norm types x seeds holds, and their names.
+"""The layout of a sweep: which runs (cells) a grid of norm types x seeds (x learning rates) holds, and their names.
 
 Each cell has a predictable run directory, ``<runs_dir>/<config stem>-<norm-type>-s<seed>``
 (one seed for the initial weights and the data order), or, where the two are crossed to
-split the noise between them, ``<config stem>-<norm-type>-i<init seed>-s<data seed>``.
-Every cell's config is resolved and validated here, before anything runs.
+split the noise between them, ``<config stem>-<norm-type>-i<init seed>-s<data seed>``. A sweep over
+learning rates (``--lrs``) puts each cell's rate before its seeds: ``<config stem>-<norm-type>-lr1.4e-3-s<seed>``
+(the rate's shortest exact decimal, in scientific form). Every cell's config is resolved and validated here,
+before anything runs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 
+from gpt.analysis.selection import LR_KEY
 from gpt.common.errors import UserError
 from gpt.config import Config, load_config
 from gpt.run.directory import RunDir
@@ -31,9 +35,42 @@ class Cell:
         return RunDir(self.cfg.run_dir)
 
 
-def cell_name(config: Path, norm_type: str, seed: int, init_seed: int | None = None) -> str:
+MIN_LR_KEY = "optim.min_lr"  # the floor that follows a learning-rate sweep's axis (LR_KEY)
+
+
+def lr_text(lr: float) -> str:
+    """A learning rate as a folder name spells it: its shortest exact decimal in scientific form, without
+    ``+`` (0.0014 -> ``1.4e-3``, 7e-4 -> ``7e-4``, 1.0 -> ``1e0``)."""
+    return format(Decimal(repr(float(lr))).normalize(), "e").replace("+", "")
+
+
+def cell_name(config: Path, norm_type: str, seed: int, init_seed: int | None = None, lr: float | None = None) -> str:
     init = "" if init_seed is None else f"-i{init_seed}"
-    return f"{Path(config).stem}-{norm_type.replace('_', '-')}{init}-s{seed}"
+    rate = "" if lr is None else f"-lr{lr_text(lr)}"
+    return f"{Path(config).stem}-{norm_type.replace('_', '-')}{rate}{init}-s{seed}"
+
+
+def min_lr_fixed(overrides: list[str]) -> bool:
+    """Whether the sweep's ``--set`` fixes optim.min_lr (then every rate keeps it; else it follows each rate)."""
+    return any(o.partition("=")[0].strip() == MIN_LR_KEY for o in overrides)
+
+
+def rate_overrides(config: Path, overrides: list[str], lrs: list[float] | None) -> list[list[str]]:
+    """Each learning rate's ``--set`` overrides (``[[]]`` without ``lrs``): optim.lr, and optim.min_lr at the
+    config's ratio min_lr / lr unless ``overrides`` fix it."""
+    if not lrs:
+        return [[]]
+    if any(o.partition("=")[0].strip() == LR_KEY for o in overrides):
+        raise UserError(f"--lrs sets {LR_KEY} of every cell; drop --set {LR_KEY}=...")
+    names = [lr_text(lr) for lr in lrs]
+    if len(set(names)) != len(names):
+        raise UserError(f"--lrs {' '.join(names)} names a learning rate twice")
+    optim, fixed = load_config(config, overrides).optim, min_lr_fixed(overrides)
+    out = []
+    for lr in lrs:
+        floor = float(f"{lr * optim.min_lr / optim.lr:.12g}")  # 12 digits: no 1.4000000000000001e-4
+        out.append([f"{LR_KEY}={float(lr)!r}", *([] if fixed else [f"{MIN_LR_KEY}={floor!r}"])])
+    return out
 
 
 def seed_pairs(
@@ -64,22 +101,27 @@ def lay_out(
     seeds_for: dict[str, list[int]] | None = None,
     init_seeds: list[int] | None = None,
     data_seeds: list[int] | None = None,
+    lrs: list[float] | None = None,
 ) -> list[Cell]:
     """Every cell's resolved config, validated before anything runs. ``seeds_for`` gives some norm
-    types other seeds than ``seeds``; ``init_seeds`` with ``data_seeds`` cross the two instead."""
+    types other seeds than ``seeds``; ``init_seeds`` with ``data_seeds`` cross the two instead; ``lrs``
+    crosses the grid with learning rates (``rate_overrides``)."""
     cells = []
+    rates = rate_overrides(config, list(overrides), lrs)
     for norm_type in norm_types:
-        for init, seed in seed_pairs((seeds_for or {}).get(norm_type, seeds), init_seeds, data_seeds):
-            name = cell_name(config, norm_type, seed, init)
-            cell_overrides = [
-                *overrides,
-                f"model.norm_type={norm_type}",
-                f"train.seed={seed}",
-                *([f"model.init_seed={init}"] if init is not None else []),
-                f"run.name={name}",
-                f"run.dir={Path(runs_dir) / name}",
-            ]
-            cells.append(Cell(norm_type, seed, name, load_config(config, cell_overrides), cell_overrides))
+        for lr, rate in zip(lrs or [None], rates):
+            for init, seed in seed_pairs((seeds_for or {}).get(norm_type, seeds), init_seeds, data_seeds):
+                name = cell_name(config, norm_type, seed, init, lr)
+                cell_overrides = [
+                    *overrides,
+                    *rate,
+                    f"model.norm_type={norm_type}",
+                    f"train.seed={seed}",
+                    *([f"model.init_seed={init}"] if init is not None else []),
+                    f"run.name={name}",
+                    f"run.dir={Path(runs_dir) / name}",
+                ]
+                cells.append(Cell(norm_type, seed, name, load_config(config, cell_overrides), cell_overrides))
     return cells
 
 

@@ -73,6 +73,17 @@ def evaluate_cell(cell: Cell, nproc: int, log, where: str) -> None:
         log(f"{where}: test loss {result['loss']:.6f} on {result['targets_scored']:,} tokens scored")
 
 
+def compare_command(cells: list[Cell], out: Path, options: dict) -> list[str]:
+    """The comparison command of a sweep's ``cells`` into ``out`` with ``options`` (``compare``'s keywords)."""
+    margin = options.get("equivalence_margin")
+    words = [sys.executable, "-m", "gpt.commands.compare", *[str(c.run.path) for c in cells], "--out", str(out)]
+    words += ["--baseline", options["baseline"]] if options.get("baseline") else []
+    words += ["--equivalence-margin", f"{margin:g}"] if margin is not None else []
+    words += [a for key in options.get("vary") or () for a in ("--vary", key)]
+    words += [a for key in options.get("allow_differ") or () for a in ("--allow-differ", key)]
+    return words + (["--select-on", options["select_on"]] if options.get("select_on") else [])
+
+
 def run_sweep(
     config: Path,
     norm_types: list[str],
@@ -82,22 +93,28 @@ def run_sweep(
     seeds_for: dict[str, list[int]] | None = None,
     init_seeds: list[int] | None = None,
     data_seeds: list[int] | None = None,
+    lrs: list[float] | None = None,
     nproc: int = 1,
     overrides: list[str] = (),
     out: Path | None = None,
     baseline: str | None = None,
     equivalence_margin: float | None = None,
     allow_differ: list[str] = (),
+    vary: list[str] = (),
+    select_on: str | None = None,
     dry_run: bool = False,
     log=print,
     hooks_for=None,
 ) -> dict | None:
     """Run the grid of ``config`` x ``norm_types`` x ``seeds`` (``seeds_for`` a norm type: its own; or
-    ``init_seeds`` x ``data_seeds`` crossed) in ``runs_dir``, ``nproc`` processes per run, and compare the
-    cells into ``out``; returns the comparison (None for a dry run, which only logs the commands).
-    ``hooks_for(cfg)``: the hooks of a cell trained in this process (``gpt.commands.cli.standard_hooks``)."""
-    cells = lay_out(config, norm_types, seeds, runs_dir, overrides, seeds_for, init_seeds, data_seeds)
+    ``init_seeds`` x ``data_seeds`` crossed; x ``lrs``, learning rates) in ``runs_dir``, ``nproc`` processes per
+    run, and compare the cells into ``out`` (``baseline`` ... ``select_on``: ``gpt.analysis.table.compare``'s
+    options); returns the comparison (None for a dry run, which only logs the commands). ``hooks_for(cfg)``: the
+    hooks of a cell trained in this process (``gpt.commands.cli.standard_hooks``)."""
+    cells = lay_out(config, norm_types, seeds, runs_dir, overrides, seeds_for, init_seeds, data_seeds, lrs)
     out = comparison_folder(config, runs_dir, out)
+    compare_options = {"baseline": baseline, "equivalence_margin": equivalence_margin,
+                       "allow_differ": allow_differ, "vary": vary, "select_on": select_on}  # fmt: skip
     for i, cell in enumerate(cells, 1):
         status = cell.run.status()
         if dry_run:
@@ -114,25 +131,9 @@ def run_sweep(
         if cell.run.status() == COMPLETED:
             evaluate_cell(cell, nproc, log, where)
     if dry_run:
-        log(
-            shlex.join(
-                [
-                    sys.executable,
-                    "-m",
-                    "gpt.commands.compare",
-                    *[str(c.run.path) for c in cells],
-                    "--out",
-                    str(out),
-                    *(["--baseline", baseline] if baseline else []),
-                    *(["--equivalence-margin", f"{equivalence_margin:g}"] if equivalence_margin is not None else []),
-                    *[a for key in allow_differ for a in ("--allow-differ", key)],
-                ]
-            )
-        )
+        log(shlex.join(compare_command(cells, out, compare_options)))
         return None
-    return compare(
-        [c.run.path for c in cells], out, baseline, equivalence_margin=equivalence_margin, allow_differ=allow_differ
-    )
+    return compare([c.run.path for c in cells], out, **compare_options)
 
 
 def publish_grid(

@@ -10,7 +10,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpt.sweep.cells import Cell, comparison_folder, lay_out
+from gpt.analysis.selection import LR_KEY
+from gpt.sweep.cells import MIN_LR_KEY, Cell, comparison_folder, lay_out, min_lr_fixed
 
 
 @dataclass
@@ -29,6 +30,7 @@ class SweepSpec:
     allow_differ: list[str] = field(default_factory=list)
     push_to_hub: str | None = None  # then publish the sweep under this Hub namespace (on SLURM: the comparison job)
     hub_prefix: str | None = None
+    lrs: list[float] | None = None  # optim.lr values crossed with the grid; the comparison then selects on val
 
     @classmethod
     def from_args(cls, args, nproc: int) -> SweepSpec:
@@ -38,7 +40,7 @@ class SweepSpec:
     def cells(self) -> list[Cell]:
         return lay_out(
             self.config, self.norm_types, self.seeds, self.runs_dir, self.overrides,
-            init_seeds=self.init_seeds, data_seeds=self.data_seeds,
+            init_seeds=self.init_seeds, data_seeds=self.data_seeds, lrs=self.lrs,
         )  # fmt: skip
 
     @property
@@ -46,8 +48,15 @@ class SweepSpec:
         return comparison_folder(self.config, self.runs_dir, self.out)
 
     def compare_options(self) -> dict:
-        return {"baseline": self.baseline, "equivalence_margin": self.equivalence_margin,
-                "allow_differ": self.allow_differ}  # fmt: skip
+        """How the sweep's cells are compared (``gpt.analysis.table.compare``'s options); with ``lrs``, the rate is
+        an axis chosen on validation, and optim.min_lr (where it follows the rate) may differ with it."""
+        options = {"baseline": self.baseline, "equivalence_margin": self.equivalence_margin,
+                   "allow_differ": list(self.allow_differ)}  # fmt: skip
+        if self.lrs:
+            options.update(vary=[LR_KEY], select_on="val")
+            if not min_lr_fixed(self.overrides) and MIN_LR_KEY not in self.allow_differ:
+                options["allow_differ"].append(MIN_LR_KEY)
+        return options
 
     def argv(self) -> list[str]:
         """The sweep command (``python -m gpt.commands.sweep``) that defines this sweep."""
@@ -55,6 +64,7 @@ class SweepSpec:
         words += ["--seeds", *map(str, self.seeds)]
         for flag, values in (("--init-seeds", self.init_seeds), ("--data-seeds", self.data_seeds)):
             words += [flag, *map(str, values)] if values else []
+        words += ["--lrs", *map(repr, map(float, self.lrs))] if self.lrs else []
         words += ["--nproc", str(self.nproc), "--runs-dir", str(self.runs_dir)]
         words += [a for o in self.overrides for a in ("--set", o)]
         named = (("--out", self.out), ("--baseline", self.baseline), ("--push-to-hub", self.push_to_hub))

@@ -6,8 +6,9 @@ On a stats step, after the backward pass and before the optimizer's update (``Tr
    the unwrapped model, without
    gradients, in eval mode (no dropout, so no random number is drawn) and under the run's autocast,
    with forward hooks that exist for that pass only: the residual stream entering each block, each
-   norm's output, DyT's saturation, the attention logits (q.k / sqrt(hs), recomputed from the qkv
-   projection's output on the first ``ATTENTION_SEQUENCES`` sequences) and the output logits;
+   norm's output (peri-norm's output norms too), DyT's saturation, the attention logits (q.k / sqrt(hs),
+   recomputed on the first ``ATTENTION_SEQUENCES`` sequences from the q and k the attention reads: the qkv
+   projection's output, or with QK-norm the outputs of q_norm and k_norm) and the output logits;
 2. each block's gradient norm (the all-reduced gradients, before clipping), the embeddings' and the
    head's;
 3. a copy of the weights, so that once the optimizer has stepped, ``||W_after - W_before|| / ||W_before||``.
@@ -32,7 +33,8 @@ import torch
 STATS_SEQUENCES = 4  # the extra forward pass reads this many sequences of the micro-batch (its logits: B x T x V)
 ATTENTION_SEQUENCES = 2  # the attention logits are (B, nh, T, T): measured on this many of those
 SATURATION = 2.0  # DyT's tanh(alpha x) is saturated past |alpha x| > 2 (tanh(2) = 0.96)
-NORMS = ("ln_1", "ln_2")  # each block's two norms; the final one is ln_f
+# each block's norms (ln_1_out, ln_2_out: peri-norm's, on each sublayer's output); the final one is ln_f
+NORMS = ("ln_1", "ln_2", "ln_1_out", "ln_2_out")
 WATCHED = ("resid_rms", "attn_logit_max")  # the statistics EarlyWarning compares with their value after warmup
 
 
@@ -87,7 +89,7 @@ class StatsProbe:
         for name in ("ln_f",):
             self._gains(getattr(model, name), name, out)
         for i, block in enumerate(model.blocks):
-            for name in NORMS:
+            for name in block_norms(block):
                 self._gains(getattr(block, name), name, out, i, len(model.blocks))
         # fp16's loss scale, as the device holds it (get_scale() would wait for the device)
         scale = getattr(scaler, "_scale", None) if scaler is not None and scaler.is_enabled() else None
@@ -132,10 +134,25 @@ class StatsProbe:
 
             return hook
 
-        def attention(module, args, qkv):
-            logit_max, logit_mean = attention_logits(qkv[:ATTENTION_SEQUENCES], module.out_features // 3, heads)
+        def logits(q, k):
+            logit_max, logit_mean = attention_logits(q, k)
             put("attn_logit_max", logit_max)
             put("attn_logit_mean", logit_mean)
+
+        def attention(module, args, qkv):  # without QK-norm: q and k as the projection gives them
+            logits(*split_heads(qkv[:ATTENTION_SEQUENCES], heads))
+
+        def normalised(which):  # with QK-norm: q_norm's output, then k_norm's (the order attention calls them)
+            def hook(module, args, out):
+                out = out[:ATTENTION_SEQUENCES].to(args[0].dtype)  # the dtype attention reads them in
+                if which == "q":
+                    pending_q.append(out)
+                else:
+                    logits(pending_q.pop(), out)
+
+            return hook
+
+        pending_q: list[torch.Tensor] = []
 
         def head(module, args, logits):
             put("logits_max", logits[..., : model.cfg.vocab_size].detach().float().max())
@@ -145,8 +162,12 @@ class StatsProbe:
         handles.append(model.ln_f.register_forward_hook(norm_out("ln_f")))
         for block in model.blocks:
             handles.append(block.register_forward_pre_hook(resid))
-            handles += [getattr(block, n).register_forward_hook(norm_out(n)) for n in NORMS]
-            handles.append(block.attn.qkv.register_forward_hook(attention))
+            handles += [getattr(block, n).register_forward_hook(norm_out(n)) for n in block_norms(block)]
+            if block.attn.qk_norm:
+                handles.append(block.attn.q_norm.register_forward_hook(normalised("q")))
+                handles.append(block.attn.k_norm.register_forward_hook(normalised("k")))
+            else:
+                handles.append(block.attn.qkv.register_forward_hook(attention))
         return handles
 
     @staticmethod
@@ -171,14 +192,24 @@ _PER_BLOCK = {"resid_rms", "attn_logit_max", "attn_logit_mean"} | {
 }
 
 
-def attention_logits(qkv: torch.Tensor, width: int, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The max and mean of q.k / sqrt(hs) over every head and causal (query, key) pair; ``qkv`` (B, T, 3C) is
-    the attention's input projection, q, k, v side by side as ``CausalSelfAttention`` splits them."""
-    B, T, _ = qkv.shape
-    q, k, _ = qkv.float().split(width, dim=2)
-    q, k = (t.view(B, T, heads, width // heads).transpose(1, 2) for t in (q, k))  # (B, nh, T, hs)
-    logits = q @ k.transpose(-2, -1) / math.sqrt(width // heads)  # (B, nh, T, T)
-    causal = torch.ones(T, T, dtype=torch.bool, device=qkv.device).tril()
+def block_norms(block) -> list[str]:
+    """The names of a block's norms (``NORMS``: two, four under peri-norm)."""
+    return [n for n in NORMS if hasattr(block, n)]
+
+
+def split_heads(qkv: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k (B, nh, T, hs) of the attention's input projection ``qkv`` (B, T, 3C), as ``CausalSelfAttention``
+    splits it."""
+    B, T, width = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+    q, k, _ = qkv.split(width, dim=2)
+    return tuple(t.view(B, T, heads, width // heads).transpose(1, 2) for t in (q, k))
+
+
+def attention_logits(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The max and mean of q.k / sqrt(hs) over every head and causal (query, key) pair; q, k (B, nh, T, hs)."""
+    B, heads, T, hs = q.shape
+    logits = q.float() @ k.float().transpose(-2, -1) / math.sqrt(hs)  # (B, nh, T, T)
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     pairs = B * heads * T * (T + 1) // 2  # the causal (query, key) pairs: a count, not read from the device
     return logits.masked_fill(~causal, -math.inf).max(), logits.masked_fill(~causal, 0.0).sum() / pairs
 

@@ -64,6 +64,20 @@ def test_the_per_norm_gpt2_small_files_differ_from_it_only_in_norm():
         assert same == base, path.name
 
 
+def test_the_placement_files_differ_from_gpt2_small_only_in_where_the_norms_sit():
+    # docs/studies.md's placement study sweeps these: each changes one thing of the write-up's setup
+    base = load_config(CONFIGS / "gpt2-small.yaml")
+    expected = {"placement-post": ("post", False), "placement-peri": ("peri", False), "placement-qknorm": ("pre", True)}
+    files = sorted(CONFIGS.glob("placement-*.yaml"))
+    assert sorted(p.stem for p in files) == sorted(expected)
+    for path in files:
+        cfg = load_config(path)
+        assert (cfg.model.norm_placement, cfg.model.qk_norm) == expected[path.stem]
+        assert cfg.run.name == path.stem
+        model = dataclasses.replace(cfg.model, norm_placement="pre", qk_norm=False)
+        assert dataclasses.replace(cfg, model=model, run=base.run) == base, path.name
+
+
 def test_gpt2_small_is_the_write_up_setup():
     cfg = load_config(CONFIGS / "gpt2-small.yaml")
     m, o, t = cfg.model, cfg.optim, cfg.train

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 from safetensors.torch import load_file
+from synthetic import sized_grid_yaml
 
 from gpt.run.directory import find_checkpoint
 from gpt.sweep import controller
@@ -18,13 +19,9 @@ NORMS, SEEDS = ["pytorch_layernorm", "no_norm"], ["0", "1"]
 
 
 @pytest.fixture
-def grid(train_yaml, tmp_path):
+def grid(train_yaml):
     """A tiny config of 240 steps (checkpoints every 20), long enough to be caught mid-run."""
-    text = train_yaml("slurmgrid").read_text().replace("steps: 20", "steps: 240")
-    text = text.replace("checkpoint_every: 10", "checkpoint_every: 20").replace("eval_every: 10", "eval_every: 80")
-    path = tmp_path / "slurmgrid.yaml"
-    path.write_text(text.replace("data: {path:", "data: {test_tokens: 4096, path:"))
-    return path
+    return sized_grid_yaml(train_yaml("slurmgrid"), steps=240, checkpoint_every=20, eval_every=80)
 
 
 def sweep(cluster, tmp_path, config, *args, check=True):

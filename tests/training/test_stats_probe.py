@@ -182,3 +182,46 @@ def test_stop_on_names_what_it_can_stop_on(train_yaml):
         ConfigError, match="train.stop_on: 'loss' is not a statistic it can stop on .allowed: resid_rms"
     ):
         load_config(train_yaml("bad"), ["train.stop_on=[loss]"])
+
+
+def test_with_qk_norm_the_attention_logits_are_those_of_the_normalised_q_and_k_and_peri_norms_are_measured(
+    tiny_model_cfg,
+):
+    cfg = tiny_model_cfg(norm_type="handrolled_rmsnorm", norm_placement="peri", qk_norm=True, context_length=8)
+    model = GPT(cfg, seed=1)
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():  # gains between 1 and 3, each its own: the q and k norms' gains show in the logits
+        for name in sorted(model.norm_parameter_names()):
+            model.get_parameter(name).mul_(1 + 2 * torch.rand(model.get_parameter(name).shape, generator=g))
+    x = torch.randint(0, 97, (3, 8), generator=g)
+    model(x, torch.randint(0, 97, (3, 8), generator=g))[1].backward()
+    probe = StatsProbe(every=1)
+    probe.measure(model, x, contextlib.nullcontext, None)
+    record = probe.take(step=1, tokens=24)
+    heads, hs, C = 4, 8, 32
+    rms = lambda t: t.pow(2).mean().sqrt().item()  # noqa: E731
+    with torch.no_grad():
+        h = model.wte(x) + model.wpe(torch.arange(8))
+        for i, block in enumerate(model.blocks):
+            a = block.ln_1(h)
+            qkv = block.attn.qkv(a)[: inside.ATTENTION_SEQUENCES]
+            normed, raw = [], []
+            for b in range(qkv.shape[0]):
+                for head in range(heads):
+                    q, k = qkv[b, :, head * hs : (head + 1) * hs], qkv[b, :, C + head * hs : C + (head + 1) * hs]
+                    raw += [float(q[t] @ k[s]) / math.sqrt(hs) for t in range(8) for s in range(t + 1)]
+                    q = q / torch.sqrt(q.pow(2).mean(-1, keepdim=True) + 1e-5) * block.attn.q_norm.weight[None]
+                    k = k / torch.sqrt(k.pow(2).mean(-1, keepdim=True) + 1e-5) * block.attn.k_norm.weight[None]
+                    normed += [float(q[t] @ k[s]) / math.sqrt(hs) for t in range(8) for s in range(t + 1)]
+            assert record["attn_logit_max"][i] == pytest.approx(max(normed), rel=1e-5)
+            assert record["attn_logit_mean"][i] == pytest.approx(sum(normed) / len(normed), abs=1e-5)
+            assert record["attn_logit_max"][i] != pytest.approx(max(raw), rel=1e-2)  # not the raw q.k
+            out = block.ln_1_out(block.attn(a))  # peri-norm's output norms: measured as the input ones
+            assert record["ln_1_out_rms"][i] == pytest.approx(rms(out), rel=1e-6)
+            assert record["ln_1_out_max"][i] == pytest.approx(out.abs().max().item(), rel=1e-6)
+            w = block.ln_2_out.weight
+            assert record["ln_2_out_gain_mean"][i] == pytest.approx(w.mean().item(), rel=1e-6)
+            assert record["ln_2_out_gain_std"][i] == pytest.approx(w.std(correction=0).item(), rel=1e-5)
+            h = block(h)
+        assert record["resid_rms"][-1] == pytest.approx(rms(h), rel=1e-6)
+    assert len(record["ln_2_out_rms"]) == len(record["ln_1_rms"]) == 2

@@ -8,7 +8,8 @@ from transformers import PretrainedConfig
 
 
 class GPTNormConfig(PretrainedConfig):
-    """GPT-2-style decoder whose only varying part is its norm layer (``norm_type``)."""
+    """GPT-2-style decoder whose varying parts are its norm layer (``norm_type``), where the norms sit
+    (``norm_placement``: pre, post, peri) and whether each head's queries and keys are normalised (``qk_norm``)."""
 
     model_type = "gpt_norm"
     attribute_map = {
@@ -26,6 +27,8 @@ class GPTNormConfig(PretrainedConfig):
         n_layer=12,
         n_head=12,
         norm_type="handrolled_layernorm",
+        norm_placement="pre",
+        qk_norm=False,
         qkv_bias=False,
         tie_word_embeddings=False,
         initializer_range=0.02,
@@ -42,6 +45,8 @@ class GPTNormConfig(PretrainedConfig):
         # one of norms.NORM_TYPES; its parameters (norms.NORM_PARAMS: norm_eps, dyt_alpha_init, ...) come as
         # keyword arguments and stay attributes: make_norm reads them, with its defaults where absent
         self.norm_type = norm_type
+        self.norm_placement = norm_placement  # absent from models published before it: pre-norm
+        self.qk_norm = qk_norm
         self.qkv_bias = qkv_bias
         self.initializer_range = initializer_range
         self.use_cache = kwargs.pop("use_cache", True)  # keep the keys and values of the tokens read

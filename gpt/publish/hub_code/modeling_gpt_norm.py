@@ -36,6 +36,8 @@ def harness_model_config(config: GPTNormConfig) -> SimpleNamespace:
         tie_weights=config.tie_word_embeddings,
         init="gpt2",
         norm_type=config.norm_type,
+        norm_placement=config.norm_placement,
+        qk_norm=config.qk_norm,
         **norm_param_values(config),  # norm_eps, dyt_alpha_init, ...: the registry's keys
     )
 

@@ -1,0 +1,127 @@
+"""A learning rate chosen on validation (``compare --select-on val``): per norm type, the rate whose runs have the
+lowest mean validation loss over their seeds. The test set never chooses; the comparison of test losses then
+uses each norm type's chosen rate only.
+
+The groups of a comparison (``gpt.analysis.table``) that differ only in ``optim.lr`` form a *family*: a norm type
+(with one value of each other ``--vary`` key). Each run's validation loss is the last its metrics record
+(``val_loss``): the trainer measures it at the run's last step too, so it is the loss of the final weights, the
+ones the test loss is of. A rate is a candidate when it has a run at every seed any rate of its family has and
+every one of them completed with a finite final validation loss (a diverged, unfinished or missing run makes its
+rate not eligible, and says why); the chosen rate is the candidate with the lowest mean, a tie going to the lower
+rate. The choice is made on the same runs whose test losses are then reported, so those carry the luck that
+helped their rate win; the report says so.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from gpt.common.errors import UserError
+from gpt.run.directory import COMPLETED
+
+SELECT_ON = ("val",)  # what a rate may be chosen on: the validation loss (never the test loss)
+LR_KEY = "optim.lr"
+MEASURE = (
+    "each run's last validation loss (metrics.jsonl val_loss; a run measures one at its last step, so it is the "
+    "loss of its final weights, whose test loss is reported)"
+)
+
+
+def check_select_on(select_on: str | None, from_results: bool) -> None:
+    """Refuse, before anything is read, a selection that cannot be made."""
+    if select_on is None:
+        return
+    if select_on not in SELECT_ON:
+        raise UserError(f"--select-on {select_on}: rates are chosen on {', '.join(SELECT_ON)} only, never on test")
+    if from_results:
+        raise UserError(
+            "--select-on val reads each run's validation loss from its folder; a results table holds test losses only"
+        )
+
+
+def final_val_loss(metrics: list[dict]) -> tuple[int, float] | None:
+    """(step, loss) of the last validation loss a run's metrics records hold; None if they hold none."""
+    for record in reversed(metrics):
+        if "val_loss" in record and record["val_loss"] is not None:
+            return record["step"], float(record["val_loss"])
+    return None
+
+
+def _family(values: dict, axis: str, key: str) -> str:
+    """A family's label: the norm type, then ``, key=value`` for every --vary key but the rate's."""
+    return ", ".join([str(values[axis]), *(f"{k}={v}" for k, v in values.items() if k not in (axis, key))])
+
+
+def _rate(group, key: str, seeds: list[str]) -> dict:
+    """One rate of a family: each run's final validation loss, their mean and spread, and whether it may be chosen
+    (every run completed with a finite one, and a run at each of the family's ``seeds``)."""
+    runs, losses = [], []
+    reasons = [f"no run of seed {seed}" for seed in seeds if seed not in {r.seed for r in group.runs}]
+    for r in group.runs:
+        measured = final_val_loss(r.metrics)
+        step, loss = measured if measured is not None else (None, None)
+        runs.append({"path": str(r.path), "seed": r.seed, "status": r.status, "val_loss": loss, "val_step": step})
+        if r.status != COMPLETED:
+            reasons.append(f"seed {r.seed} {r.left_out_because()}")
+        elif not math.isfinite(loss):
+            reasons.append(f"seed {r.seed} validation loss {loss}")
+        else:
+            losses.append(loss)
+    eligible = not reasons and bool(losses)
+    return {
+        "group": group.label,
+        "value": group.values.get(key),
+        "runs": runs,
+        "n": len(losses),
+        "val_loss_mean": float(np.mean(losses)) if eligible else math.nan,
+        "val_loss_sd": float(np.std(losses, ddof=1)) if eligible and len(losses) > 1 else math.nan,
+        "val_loss_min": min(losses) if eligible else math.nan,
+        "val_loss_max": max(losses) if eligible else math.nan,
+        "eligible": eligible,
+        "reason": "; ".join(reasons) or None,
+        "chosen": False,
+    }
+
+
+def select_rates(groups: list, axis: str, key: str = LR_KEY) -> dict:
+    """Per family of ``groups`` (``gpt.analysis.table.Group``; ``axis``: the norm type's key), every rate's
+    validation loss and the rate chosen; refuses groups that do not vary ``key`` and a completed run without a
+    validation loss."""
+    rates = {g.values.get(key) for g in groups}
+    if len(rates) < 2:
+        raise UserError(
+            f"--select-on val chooses among learning rates, but every run has {key}={rates.pop()}; compare runs "
+            f"at several rates (sweep.py --lrs), or drop --select-on"
+        )
+    for g in groups:
+        for r in g.runs:
+            if r.status == COMPLETED and final_val_loss(r.metrics) is None:
+                raise UserError(
+                    f"--select-on val: {r.path.name} completed without a validation loss in its metrics (a run "
+                    "measures one every train.eval_every steps and at its end); compare runs that recorded it"
+                )
+    members: dict[str, list] = {}
+    for g in groups:
+        members.setdefault(_family(g.values, axis, key), []).append(g)
+    families = {}
+    for label, family_groups in members.items():
+        seeds = sorted({r.seed for g in family_groups for r in g.runs})
+        rates = [_rate(g, key, seeds) for g in family_groups]
+        families[label] = {"family": label, "chosen": None, "chosen_value": None, "rates": rates}
+    for family in families.values():
+        family["rates"].sort(key=lambda rate: rate["value"])
+        candidates = [rate for rate in family["rates"] if rate["eligible"]]
+        if candidates:
+            best = min(candidates, key=lambda rate: (rate["val_loss_mean"], rate["value"]))
+            best["chosen"] = True
+            family["chosen"], family["chosen_value"] = best["group"], best["value"]
+    steps = {run["val_step"] for f in families.values() for r in f["rates"] for run in r["runs"] if r["eligible"]}
+    return {
+        "on": "val",
+        "key": key,
+        "measure": MEASURE,
+        "val_steps": sorted(steps),  # where the runs that could be chosen measured it
+        "families": list(families.values()),
+    }

@@ -1,0 +1,151 @@
+"""sweep.py --lrs: learning rate as a declared axis of the grid, each norm type's rate chosen on validation loss and
+its test loss reported at that rate; the cells' names, min_lr and the sweep's command line."""
+
+import json
+import shlex
+
+import numpy as np
+import pytest
+import yaml
+from synthetic import sized_grid_yaml
+
+from gpt.commands.sweep import build_parser
+from gpt.commands.sweep import main as sweep_main
+from gpt.common.errors import UserError
+from gpt.run.directory import find_checkpoint
+from gpt.sweep.cells import lay_out, lr_text
+from gpt.sweep.launch import run_sweep
+from gpt.sweep.spec import SweepSpec
+
+# At 6 steps these rates put pytorch_layernorm's lowest validation loss at 3e-2 and dyt's at 1e-1 (by 0.2 or more)
+NORMS, SEEDS, LRS = ["pytorch_layernorm", "dyt"], [0, 1], [3e-2, 1e-1, 3e-1]
+
+
+@pytest.fixture
+def grid_cfg(train_yaml):
+    """The tiny CPU config (optim.lr 1e-2, min_lr 1e-3: a ratio of 0.1) cut to 6 steps, validated every 3."""
+    return sized_grid_yaml(train_yaml("grid"), steps=6, checkpoint_every=6, eval_every=3)
+
+
+def last_val_loss(run):
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r["val_loss"] for r in records if "val_loss" in r][-1]
+
+
+def test_lr_names():
+    assert [lr_text(x) for x in (7e-4, 1.4e-3, 2.8e-3, 0.001, 1.0, 3e-10, 0.25)] == [
+        "7e-4", "1.4e-3", "2.8e-3", "1e-3", "1e0", "3e-10", "2.5e-1",
+    ]  # fmt: skip
+
+
+def test_cells_of_a_learning_rate_sweep(grid_cfg, tmp_path):
+    runs = tmp_path / "runs"
+    cells = lay_out(grid_cfg, ["dyt"], [0, 1], runs, lrs=[7e-4, 1.4e-3])
+    assert [c.name for c in cells] == ["grid-dyt-lr7e-4-s0", "grid-dyt-lr7e-4-s1", "grid-dyt-lr1.4e-3-s0",
+                                       "grid-dyt-lr1.4e-3-s1"]  # fmt: skip
+    assert [c.cfg.optim.lr for c in cells] == [7e-4, 7e-4, 1.4e-3, 1.4e-3]
+    assert [c.cfg.optim.min_lr for c in cells] == [7e-5, 7e-5, 1.4e-4, 1.4e-4]  # the config's 1e-3 / 1e-2 followed
+    assert cells[2].overrides[:2] == ["optim.lr=0.0014", "optim.min_lr=0.00014"]
+    assert all(c.cfg.run.dir == str(runs / c.name) for c in cells)
+    fixed = lay_out(grid_cfg, ["dyt"], [0], runs, ["optim.min_lr=1e-5"], lrs=[7e-4, 1.4e-3])
+    assert [c.cfg.optim.min_lr for c in fixed] == [1e-5, 1e-5]  # --set optim.min_lr wins over the ratio
+    assert [o for c in fixed for o in c.overrides if o.startswith("optim.min_lr")] == ["optim.min_lr=1e-5"] * 2
+    crossed = lay_out(grid_cfg, ["dyt"], [0], runs, init_seeds=[0, 1], data_seeds=[3, 4], lrs=[1e-2])
+    assert [c.name for c in crossed][-1] == "grid-dyt-lr1e-2-i1-s4"
+    with pytest.raises(UserError, match=r"^--lrs 1e-3 1e-3 names a learning rate twice$"):
+        lay_out(grid_cfg, ["dyt"], [0], runs, lrs=[1e-3, 0.001])
+    with pytest.raises(UserError, match=r"^--lrs sets optim\.lr of every cell; drop --set optim\.lr=\.\.\.$"):
+        lay_out(grid_cfg, ["dyt"], [0], runs, ["optim.lr=1e-3"], lrs=[1e-3])
+    with pytest.raises(UserError, match=r"min_lr.*is above optim\.lr"):  # a fixed floor above a rate
+        lay_out(grid_cfg, ["dyt"], [0], runs, ["optim.min_lr=5e-3"], lrs=[1e-3])
+
+
+def test_a_sweep_without_lrs_keeps_its_cells(grid_cfg, tmp_path):
+    """Existing sweeps resume and skip as before: the same folder names, the same overrides."""
+    runs = tmp_path / "runs"
+    [cell] = lay_out(grid_cfg, ["pytorch_layernorm"], [3], runs, ["train.steps=4"])
+    assert cell.name == "grid-pytorch-layernorm-s3"
+    assert cell.overrides == ["train.steps=4", "model.norm_type=pytorch_layernorm", "train.seed=3",
+                              "run.name=grid-pytorch-layernorm-s3", f"run.dir={runs / cell.name}"]  # fmt: skip
+    assert (cell.cfg.optim.lr, cell.cfg.optim.min_lr) == (1e-2, 1e-3)
+    spec = SweepSpec(grid_cfg, ["dyt"], [0])
+    assert "--lrs" not in spec.argv()
+    assert spec.compare_options() == {"baseline": None, "equivalence_margin": None, "allow_differ": []}
+
+
+def spec_of(argv: list[str]) -> SweepSpec:
+    args = build_parser().parse_args(argv)
+    return SweepSpec.from_args(args, nproc=args.nproc or 1)
+
+
+def test_the_sweeps_command_line_round_trips_its_rates(grid_cfg, tmp_path):
+    spec = spec_of([str(grid_cfg), "--norm-types", "dyt", "--seeds", "0", "1", "--lrs", "7e-4", "1.4e-3",
+                    "--runs-dir", str(tmp_path), "--allow-differ", "hardware.name"])  # fmt: skip
+    assert spec.lrs == [7e-4, 1.4e-3]
+    words = spec.argv()
+    assert words[words.index("--lrs") : words.index("--lrs") + 3] == ["--lrs", "0.0007", "0.0014"]
+    again = spec_of(words[3:])  # past "python -m gpt.commands.sweep"
+    assert again == spec and [c.name for c in again.cells()] == [c.name for c in spec.cells()]
+    assert spec.compare_options() == {
+        "baseline": None,
+        "equivalence_margin": None,
+        "allow_differ": ["hardware.name", "optim.min_lr"],
+        "vary": ["optim.lr"],
+        "select_on": "val",
+    }
+    fixed = spec_of([*words[3:], "--set", "optim.min_lr=1e-5"])
+    assert fixed.compare_options()["allow_differ"] == ["hardware.name"]  # the floor is the same in every cell
+
+
+def test_dry_runs_name_the_rates(grid_cfg, tmp_path, capsys):
+    runs = tmp_path / "r"
+    base = [str(grid_cfg), "--norm-types", "dyt", "--seeds", "0", "1", "--lrs", "3e-3", "1e-2", "--runs-dir", str(runs)]
+    assert sweep_main([*base, "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    trains = [line for line in lines if "-m gpt.commands.train" in line]
+    assert len(trains) == 4 and not runs.exists()
+    assert "--set optim.lr=0.003 --set optim.min_lr=0.0003 --set model.norm_type=dyt --set train.seed=0 " in trains[0]
+    assert "--set run.name=grid-dyt-lr3e-3-s0" in trains[0] and "run.name=grid-dyt-lr1e-2-s1" in trains[3]
+    assert lines[-1].endswith("--vary optim.lr --allow-differ optim.min_lr --select-on val")
+    assert sweep_main([*base, "--launcher", "slurm", "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert "#SBATCH --array=0,1,2,3" in printed and not runs.exists()
+    job = next(line for line in printed.splitlines() if line.startswith("exec ") and "cell:" in line)
+    words = shlex.split(job)[4:-2]  # past "exec python -m gpt.commands.sweep", before "--in-job cell:$TASK"
+    assert spec_of(words) == spec_of(base)  # a cell job lays out the very same cells
+    assert sweep_main([*base, "--lrs", "1e-2", "0.01"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: --lrs 1e-2 1e-2 names a learning rate twice\n" and not runs.exists()
+
+
+@pytest.mark.slow
+def test_a_learning_rate_sweep_chooses_on_validation(grid_cfg, tmp_path):
+    """2 norm types x 3 rates x 2 seeds, trained: each norm type's rate is the argmin of its mean last validation
+    loss, read here from the run folders, and its test loss is the chosen rate's. (Run as sweep.py runs it, but
+    without each run's own charts: test_dry_runs_name_the_rates shows the command's options reach run_sweep.)"""
+    runs = tmp_path / "runs"
+    argv = [str(grid_cfg), "--norm-types", *NORMS, "--seeds", *map(str, SEEDS), "--lrs", *map(str, LRS)]
+    spec = spec_of([*argv, "--runs-dir", str(runs)])
+    run_sweep(spec.config, spec.norm_types, spec.seeds, spec.runs_dir, lrs=spec.lrs, log=lambda line: None,
+              **spec.compare_options())  # fmt: skip
+    result = json.loads((runs / "grid-comparison" / "comparison.json").read_text())
+    rows = {g["group"]: g for g in result["groups"]}
+    assert len(rows) == len(NORMS)
+    assert len({f["chosen_value"] for f in result["selection"]["families"]}) == 2  # each norm type its own rate
+    for norm, family in zip(NORMS, result["selection"]["families"], strict=True):
+        folders = {lr: [runs / f"grid-{norm.replace('_', '-')}-lr{lr_text(lr)}-s{s}" for s in SEEDS] for lr in LRS}
+        means = {lr: np.mean([last_val_loss(run) for run in folders[lr]]) for lr in LRS}
+        chosen = min(LRS, key=means.get)
+        assert family["family"] == norm and family["chosen_value"] == chosen
+        assert [r["val_loss_mean"] for r in family["rates"]] == pytest.approx([means[lr] for lr in LRS])
+        for lr in LRS:
+            config = yaml.safe_load((folders[lr][0] / "config.yaml").read_text())
+            assert (config["optim"]["lr"], config["optim"]["min_lr"]) == pytest.approx((lr, lr / 10))
+        tests = [
+            json.loads((find_checkpoint(run) / "eval-test-fp32.json").read_text())["loss"] for run in folders[chosen]
+        ]
+        assert rows[f"{norm}, optim.lr={chosen}"]["test_loss_mean"] == pytest.approx(np.mean(tests))
+    assert result["baseline"] == f"pytorch_layernorm, optim.lr={result['selection']['families'][0]['chosen_value']}"
+    assert result["allowed_to_differ"]["optim.min_lr"]  # the floor followed the rate
+    assert "## Learning rate chosen on validation" in (runs / "grid-comparison" / "comparison.md").read_text()
+    assert (runs / "grid-comparison" / "lr_sensitivity.png").is_file()

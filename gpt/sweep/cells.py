@@ -50,9 +50,14 @@ def cell_name(config: Path, norm_type: str, seed: int, init_seed: int | None = N
     return f"{Path(config).stem}-{norm_type.replace('_', '-')}{rate}{init}-s{seed}"
 
 
+def sets_key(overrides: list[str], key: str) -> bool:
+    """Whether one of the sweep's ``--set KEY=VALUE`` overrides sets ``key``."""
+    return any(o.partition("=")[0].strip() == key for o in overrides)
+
+
 def min_lr_fixed(overrides: list[str]) -> bool:
     """Whether the sweep's ``--set`` fixes optim.min_lr (then every rate keeps it; else it follows each rate)."""
-    return any(o.partition("=")[0].strip() == MIN_LR_KEY for o in overrides)
+    return sets_key(overrides, MIN_LR_KEY)
 
 
 def rate_overrides(config: Path, overrides: list[str], lrs: list[float] | None) -> list[list[str]]:
@@ -60,7 +65,7 @@ def rate_overrides(config: Path, overrides: list[str], lrs: list[float] | None) 
     config's ratio min_lr / lr unless ``overrides`` fix it."""
     if not lrs:
         return [[]]
-    if any(o.partition("=")[0].strip() == LR_KEY for o in overrides):
+    if sets_key(overrides, LR_KEY):
         raise UserError(f"--lrs sets {LR_KEY} of every cell; drop --set {LR_KEY}=...")
     names = [lr_text(lr) for lr in lrs]
     if len(set(names)) != len(names):

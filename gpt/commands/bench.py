@@ -31,7 +31,6 @@ from pathlib import Path
 from gpt.commands.cli import add_overrides, command, config_from_args, is_rank0, parser_for
 from gpt.common.errors import UserError
 from gpt.config import NORM_TYPES
-from gpt.speed.rows import append_to, table
 
 COMPILE_CHOICES = {"on": [True], "off": [False], "both": [False, True]}
 
@@ -89,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     from gpt.run.distributed import setup
     from gpt.speed import timing as benchmark  # the heavy imports, after the arguments are known good
+    from gpt.speed.rows import append_to, table
 
     dist = setup(cfg.run.device if cfg else "auto")
     emit = append_to(args.jsonl) if args.jsonl is not None and dist.is_main else None

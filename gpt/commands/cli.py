@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 from gpt.common.bounded import leave
 from gpt.common.errors import UserError
+from gpt.common.stops import StopNow
 from gpt.config import NORM_TYPES, Config, load_config
-from gpt.training.monitors import StopNow
 
 USER_ERROR_EXIT = 2
 
@@ -106,8 +106,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 
 def standard_hooks(cfg: Config) -> list:
-    """What a training run started by a command tells the world: its charts redrawn at each checkpoint,
-    then its Hub uploads (``hub.*``). Imported here, when a run starts: ``--help`` stays fast."""
+    """What a training run started by a command tells the world: its charts (drawn at its end, and after a
+    checkpoint every few minutes), then its Hub uploads (``hub.*``). Imported here, when a run starts:
+    ``--help`` stays fast."""
     from gpt.analysis.charts import RunCharts
     from gpt.publish.uploads import HubUploads
 

@@ -50,11 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     start = time.perf_counter()
 
-    from gpt.analysis.report import markdown
     from gpt.config import load_config
-    from gpt.sweep.launch import run_sweep
 
     data = Path(load_config(args.config, ["run.name=demo"]).data.path)
+    from gpt.analysis.report import markdown  # the heavy imports, after the config is known good
+    from gpt.sweep.launch import run_sweep
+
     if not data.exists():
         from gpt.data.encode import prepare
         from gpt.data.sources import default_held_out, open_source

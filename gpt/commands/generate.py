@@ -67,14 +67,15 @@ def build_parser() -> argparse.ArgumentParser:
 @command
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    import torch
-
     from gpt.common.errors import UserError
-    from gpt.data.tokenizer import get_tokenizer
-    from gpt.run.distributed import pick_device
 
     if args.max_new_tokens < 1 or args.temperature < 0 or args.top_k < 0 or args.num_samples < 1:
         raise UserError("--max-new-tokens and --num-samples must be >= 1, --temperature and --top-k >= 0")
+    import torch  # after the arguments are known good
+
+    from gpt.data.tokenizer import get_tokenizer
+    from gpt.run.distributed import pick_device
+
     device = pick_device(args.device)
     model, tokenizer = load_model(args.source, args.which, args.revision)
     model = model.to(device)

@@ -13,10 +13,6 @@ import argparse
 import sys
 import time
 
-import torch
-
-from gpt.run.machine import MachineError, check_all_reduce, check_compile, check_gpus_visible
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -26,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--nproc", type=int, default=2, help="processes for the all-reduce with --device cpu")
     args = parser.parse_args(argv)
+    from gpt.run.machine import MachineError  # torch, after the arguments are known good
+
     try:
         check(args)
     except MachineError as e:
@@ -36,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def check(args: argparse.Namespace) -> None:
     """Each check in turn, saying how long it took; the first that fails raises."""
+    import torch
+
+    from gpt.run.machine import check_all_reduce, check_compile, check_gpus_visible
+
     if args.device == "cuda":
         world = check_gpus_visible(args.driver, args.driver_cuda, args.cuda12_index)
         print(f"preflight: torch {torch.__version__} (CUDA {torch.version.cuda}) sees {world} GPU(s)", flush=True)

@@ -71,7 +71,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 @command
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from gpt.data.encode import prepare
     from gpt.data.sources import default_held_out, open_source
     from gpt.data.tokenizer import get_tokenizer
 
@@ -91,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         hub_split=args.hub_split,
         sample_by=args.sample_by,
     )
+    from gpt.data.encode import prepare  # the heavy imports, after the arguments are known good
+
     start = time.perf_counter()
     meta = prepare(
         source,

@@ -61,11 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from gpt.common.errors import UserError
-    from gpt.common.files import read_json
     from gpt.config.schema import HubConfig
-    from gpt.publish.export import comparison_row
-    from gpt.publish.layouts import Layout
-    from gpt.publish.uploads import push
     from gpt.run.directory import RunDir, resolve_which
 
     problems: list[str] = []
@@ -73,6 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         raise UserError(problems[0])
     ckpt = resolve_which(args.path, args.which)
+    from gpt.common.files import read_json  # the heavy imports, after the arguments are known good
+    from gpt.publish.export import comparison_row
+    from gpt.publish.layouts import Layout
+    from gpt.publish.uploads import push
+
     comparison = None
     if args.comparison is not None:
         run = RunDir.of_checkpoint(ckpt)

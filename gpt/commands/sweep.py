@@ -63,10 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
-    from gpt.analysis.report import markdown
-    from gpt.publish.release import check_repo_name
-    from gpt.sweep import cell_job, slurm
-    from gpt.sweep.launch import publish_grid, run_sweep
+    from gpt.sweep import slurm
     from gpt.sweep.spec import SweepSpec
 
     spec = SweepSpec.from_args(args, nproc=args.nproc or args.gpus_per_node or 1)
@@ -74,25 +71,38 @@ def main(argv: list[str] | None = None) -> int:
     if args.status:
         print(slurm.status_table(slurm.status_rows(spec.cells(), folder)))
         return 0
+    # the heavy imports (torch, matplotlib) from here on, each where its work starts
     if args.in_job is not None and args.in_job.startswith("cell:"):
+        from gpt.sweep import cell_job
+
         return cell_job.run_cell_job(spec, int(args.in_job.removeprefix("cell:")), folder)
     if args.push_to_hub and not args.in_job:  # a name the Hub refuses stops here, not after the training
+        from gpt.publish.release import check_repo_name
+
         check_repo_name(f"{args.push_to_hub}/{args.hub_prefix + '-' if args.hub_prefix else ''}{args.config.stem}")
     if args.in_job == "compare":
+        from gpt.sweep import cell_job
+
         result = cell_job.compare_sweep(spec, folder)  # then published, with --push-to-hub, by the job
     elif args.launcher == "slurm":
         slurm.submit_sweep(spec, folder, SlurmOptions.from_args(args), args.dry_run)
         return 0
     else:
+        from gpt.sweep.launch import run_sweep
+
         result = run_sweep(
             args.config, args.norm_types, args.seeds, args.runs_dir, init_seeds=args.init_seeds,
             data_seeds=args.data_seeds, lrs=args.lrs, nproc=spec.nproc, overrides=args.overrides, out=args.out,
             dry_run=args.dry_run, hooks_for=standard_hooks, **spec.compare_options(),
         )  # fmt: skip
     if result is not None:
+        from gpt.analysis.report import markdown
+
         print(markdown(result), end="")
         print(f"\nplots: {', '.join(result['plots'])}")
     if args.push_to_hub:
+        from gpt.sweep.launch import publish_grid
+
         publish_grid(args.config, args.runs_dir, args.out, args.push_to_hub, args.hub_prefix, args.dry_run)
     return 0
 

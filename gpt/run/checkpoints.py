@@ -28,14 +28,16 @@ import struct
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_model, save_model
 
 from gpt.common.errors import UserError, first_line, quoted, shortened
 from gpt.common.files import WriteError, read_json, replacing_folder, write_atomically
 from gpt.config import RESUMABLE, Config, ConfigError, config_differences, load_config
+
+if TYPE_CHECKING:  # torch is imported where a tensor is saved or loaded: reading a run folder needs none
+    import torch
 
 MODEL_FILE, STATE_FILE, CONFIG_FILE, INFO_FILE = "model.safetensors", "state.pt", "config.yaml", "checkpoint.json"
 # torch's own message for such a file advises the unsafe load: it is never repeated
@@ -105,6 +107,9 @@ def save_checkpoint(
 
     A write that fails removes its temporary folder and raises a CheckpointError naming the
     operating system's reason and the last good checkpoint, which stays as it was."""
+    import torch
+    from safetensors.torch import save_model
+
     root = Path(root)
     name = checkpoint_name(step)
     try:
@@ -201,6 +206,8 @@ def _state_problem(path: Path) -> str | None:
             return f"is damaged (bad checksum in {bad})"
     except (zipfile.BadZipFile, OSError, EOFError) as e:
         return f"is damaged ({first_line(e)})"
+    import torch
+
     try:  # the pickle parsed as load_state will (tensors memory-mapped, not read): one a safe load refuses
         torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError:
@@ -240,6 +247,8 @@ def stored_tensors(model: torch.nn.Module) -> list[tuple[frozenset[str], tuple[i
 
 def _layout_problem(header: dict, cfg: Config) -> str | None:
     """What differs between a weights file's tensors and the ones ``cfg``'s model stores, or None."""
+    import torch
+
     from gpt.model.gpt import GPT  # here: the model is built only where a checkpoint is checked
 
     with torch.device("meta"):  # shapes only: nothing allocated, nothing drawn
@@ -347,6 +356,8 @@ def check_same_experiment(saved: Config, wanted: Config, source: Path) -> None:
 
 
 def load_weights(model: torch.nn.Module, ckpt: Path) -> None:
+    from safetensors.torch import load_model
+
     path = ckpt / MODEL_FILE
     try:
         missing, unexpected = load_model(model, str(path), strict=False)
@@ -365,6 +376,8 @@ def load_weights(model: torch.nn.Module, ckpt: Path) -> None:
 
 
 def load_state(ckpt: Path) -> dict:
+    import torch
+
     path = ckpt / STATE_FILE
     try:
         return torch.load(path, map_location="cpu", weights_only=True)

@@ -71,7 +71,6 @@ from pathlib import Path
 from gpt.common.errors import UserError
 from gpt.common.files import write_atomically
 from gpt.config import NORM_TYPES
-from gpt.run.distributed import PEAK_MEMORY, peak_memory_of
 from gpt.speed.stages import (
     RESERVE_S,
     RUNNING,
@@ -322,6 +321,8 @@ def row_lines(rows: list[dict]) -> list[str]:
         for r in rows
         if r["norm_type"] == "handrolled_layernorm" and "error" not in r
     }
+    from gpt.run.distributed import PEAK_MEMORY, peak_memory_of  # torch: not before the check's plan is out
+
     lines = [
         f"rows.jsonl ({len(rows)} rows; step rows on {rows[-1].get('device', '?')}):",
         f"{'mode':<6}{'norm_type':<27}{'compile':>8}{'tokens/s':>12}{'ms':>10}{'MFU':>7}{'peak GiB':>10}"

@@ -32,6 +32,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from gpt.common.errors import UserError
+from gpt.common.stops import LostPeer, StopNow
 from gpt.config import Config
 from gpt.data.tokens import DataError, TokenRange, TrainBatches, check_vocabulary, open_split, resolve_data_dir
 from gpt.evaluation.token_loss import evaluate_loss
@@ -46,7 +47,7 @@ from gpt.run.random_state import rng_state, set_rng_state
 from gpt.training.hooks import RunHooks
 from gpt.training.inside import EarlyWarning, StatsProbe
 from gpt.training.metrics import Metrics
-from gpt.training.monitors import Divergence, LossWindow, LostPeer, StopFlag, StopNow, Throughput
+from gpt.training.monitors import Divergence, LossWindow, StopFlag, Throughput
 from gpt.training.optimizer import make_optimizer, set_lr, step_unless_nonfinite
 from gpt.training.schedule import lr_at, warmup_steps
 

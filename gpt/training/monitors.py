@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gpt.common.stops import StopNow
+
 STEADY_SKIP = 0.1  # the steady-state tokens/s leaves out the first 10% of the steps (start-up, compile)
 
 
@@ -164,25 +166,6 @@ class LossWindow:
         total, count = all_sum(self.sums).tolist()
         self.sums.zero_()
         return total / count if count else math.nan
-
-
-class StopNow(BaseException):
-    """A third stop signal: the run ends at once (a BaseException, so that no ``except Exception`` holds it
-    up). Entry points say so in one line and exit with ``EXIT_CODE``, the status of an interrupted run."""
-
-    EXIT_CODE = 4
-    hint = "the newest checkpoint stands: --resume auto continues from it"  # said after the message
-
-
-class LostPeer(StopNow):
-    """A collective failed because a peer rank's process ended (killed, out of memory): this rank stops too.
-    The message is whole (no ``hint``); ``say``: whether this rank is the one on its machine to print it."""
-
-    hint = ""
-
-    def __init__(self, message: str, say: bool):
-        super().__init__(message)
-        self.say = say
 
 
 class StopFlag:

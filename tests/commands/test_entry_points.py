@@ -1,6 +1,8 @@
-"""The command-line entry points: train.py's config handling and the demo."""
+"""The command-line entry points: train.py's config handling, mistakes caught before the heavy imports, and the
+demo."""
 
 import json
+import pkgutil
 import subprocess
 import sys
 
@@ -9,15 +11,19 @@ import pytest
 import yaml
 from conftest import CONFIGS, ROOT
 
+import gpt.commands
 from gpt.config import ConfigError, config_from_dict, config_to_dict, load_config
 
 
 def run(*args, cwd=ROOT):
+    """A front door in a process of its own: what a user types."""
     return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
-def test_train_reports_the_gpt2_small_model():
-    out = run("train.py", CONFIGS / "gpt2-small-pytorch-layernorm.yaml", "--set", "model.n_layers=1", "--dry-run")
+def test_train_reports_the_gpt2_small_model(cli):
+    out = cli(
+        ROOT / "train.py", CONFIGS / "gpt2-small-pytorch-layernorm.yaml", "--set", "model.n_layers=1", "--dry-run"
+    )
     assert out.returncode == 0, out.stderr
     assert "norm pytorch_layernorm" in out.stdout
     # one block less than 12: 163,009,536 - 11 * 7,085,568
@@ -63,13 +69,71 @@ def test_help_config_is_yaml_that_loads_to_the_defaults(tmp_path):
         load_config(tmp_path / "all.yaml", ["train.steps=1"])
 
 
+HEAVY = ("torch", "matplotlib", "transformers")
+# Commands that still load torch before they check their arguments, and why: not called below (each would only
+# add an import of torch to the process)
+LOADS_TORCH_FIRST = {
+    "evaluate": "its options come from the task registry, whose tasks import torch (gpt.evaluation.tasks)"
+}
+MISTAKES = """
+import contextlib, importlib, io, json, pkgutil, sys
+import gpt.commands
+heavy, cases = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+for module in pkgutil.iter_modules(gpt.commands.__path__):
+    importlib.import_module(f"gpt.commands.{module.name}")
+ran = [["(imports)", None, "", [m for m in heavy if m in sys.modules]]]
+for name, argv in cases:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            code = importlib.import_module(f"gpt.commands.{name}").main(argv)
+        except SystemExit as e:  # argparse's usage error
+            code = e.code
+    ran.append([name, code, err.getvalue(), [m for m in heavy if m in sys.modules]])
+print(json.dumps(ran))
+"""
+
+
+def test_every_command_refuses_a_mistake_before_it_imports_torch(tmp_path):
+    # one process, every command module imported, then each command's main given a mistake in its arguments or
+    # config: status 2 and one line (argparse's usage above it), with torch, matplotlib and transformers not loaded
+    missing = str(tmp_path / "missing.yaml")
+    cases = [
+        ("train", [missing], f"error: {missing}: no such config file"),
+        ("train", [CONFIGS / "tiny.yaml", "--set", "model.nrom_type=dyt"], "error: --set: model.nrom_type: unknown"),
+        ("bench", [CONFIGS / "tiny.yaml", "--set", "model.n_heads=3"], "model.n_heads: 3 does not divide"),
+        ("compare", ["runs/x", "--precision", "fp64"], "error: argument --precision: invalid choice: 'fp64'"),
+        ("demo", ["--config", missing], f"error: {missing}: no such config file"),
+        ("generate", ["runs/x", "--max-new-tokens", "0"], "error: --max-new-tokens and --num-samples must be >= 1"),
+        ("gpu_check", ["out", "--tests", "t.py", "--config", missing, "--budget-s", "10"], "error: --budget-s 10: "),
+        ("preflight", ["--device", "tpu"], "error: argument --device: invalid choice: 'tpu'"),
+        ("prepare_data", ["shakespeare", "--tokenizer", "gpt5", "--out", "x"], "error: unknown tokenizer 'gpt5'"),
+        ("publish_sweep", ["runs"], "error: the following arguments are required: --namespace"),
+        ("push_to_hub", ["runs/x", "--repo", "no slash"], "error: --repo: 'no slash' is not a Hub repository name"),
+        ("push_to_hub", ["runs/x", "--repo", "me/x"], "error: runs/x: not a run directory or checkpoint"),
+        ("sweep", [missing, "--status"], f"error: {missing}: no such config file"),
+    ]
+    commands = {m.name for m in pkgutil.iter_modules(gpt.commands.__path__)} - {"cli"}
+    assert {name for name, _, _ in cases} | set(LOADS_TORCH_FIRST) == commands  # a new command gets its mistake here
+    argv = json.dumps([(name, [str(a) for a in args]) for name, args, _ in cases])
+    out = run("-c", MISTAKES, json.dumps(HEAVY), argv, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    ran = json.loads(out.stdout)
+    assert ran[0] == ["(imports)", None, "", []]  # importing a command loads none of them
+    for (name, code, err, loaded), (_, args, message) in zip(ran[1:], cases, strict=True):
+        lines = err.splitlines()
+        assert code == 2 and message in err and [line for line in lines if "error:" in line] == lines[-1:], (name, err)
+        assert len(lines) == 1 or lines[0].startswith("usage: "), (name, err)
+        assert loaded == [], f"{name} {' '.join(map(str, args))} loaded {loaded}"
+
+
 @pytest.mark.slow
-def test_demo_runs_the_whole_path(train_yaml, tmp_path):
+def test_demo_runs_the_whole_path(train_yaml, tmp_path, cli):
     cfg = train_yaml("demo")
     cfg.write_text(
         cfg.read_text().replace("steps: 20", "steps: 4").replace("data: {path:", "data: {test_tokens: 2048, path:")
     )
-    out = run(
+    out = cli(
         ROOT / "scripts" / "demo.py",
         "--config",
         cfg,

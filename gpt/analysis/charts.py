@@ -1,7 +1,7 @@
 """Every chart the harness draws, as PNG files. The per-step charts are declared once, in
 ``gpt.run.directory.CHARTS`` (file, metrics keys, label, scale), and drawn under the same file name for a
-run (its own curves, redrawn at each checkpoint by the ``RunCharts`` hook) and for a comparison (every
-run's curves coloured by group); a comparison adds the test loss by group with its intervals and, where it chose
+run (its own curves, drawn at its end and every few minutes by the ``RunCharts`` hook) and for a comparison
+(every run's curves coloured by group); a comparison adds the test loss by group with its intervals and, where it chose
 each norm type's learning rate on validation, the validation loss against the rate (``LR_CHART``). A run that
 logs stats.jsonl (``gpt.analysis.inside``) also gets what each norm does inside the model (``INSIDE_CHARTS``),
 and a comparison of such runs one sheet of it by group (``INSIDE_SHEET``)."""
@@ -9,6 +9,7 @@ and a comparison of such runs one sheet of it by group (``INSIDE_SHEET``)."""
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from pathlib import Path
 
@@ -90,17 +91,24 @@ def plot_run(records: list[dict], folder: Path, title: str) -> list[Path]:
 
 
 class RunCharts(RunHooks):
-    """Redraws a run's charts after every checkpoint and at its end. They are derived from metrics.jsonl,
-    so a failure to draw them (a full disk) is a line in the run's last words, never a stop."""
+    """Draws a run's charts at its end, however it ends, and redraws them after a checkpoint once
+    ``every_s`` seconds have passed since the run started or they were last drawn: a long run's charts
+    follow it, a short run (seconds) draws once. They are derived from metrics.jsonl, so a failure to
+    draw them (a full disk) is a line in the run's last words, never a stop."""
 
-    def __init__(self, title: str):
-        self.title = title
+    EVERY_S = 300.0  # drawing takes a second or two, a GPT-2 small checkpoint comes every few minutes
+
+    def __init__(self, title: str, every_s: float = EVERY_S):
+        self.title, self.every_s = title, every_s
         self.run: RunDir | None = None
+        self.drawn_at = 0.0
 
     def started(self, run_path: Path) -> None:
         self.run = RunDir(run_path)
+        self.drawn_at = time.monotonic()
 
     def draw(self) -> str | None:
+        self.drawn_at = time.monotonic()
         try:
             plot_run(self.run.metrics(), self.run.path, self.title)
         except OSError as e:
@@ -114,7 +122,8 @@ class RunCharts(RunHooks):
         return None
 
     def checkpoint_saved(self, ckpt: Path) -> None:
-        self.draw()  # a chart not drawn now is drawn at the end, or said then
+        if time.monotonic() - self.drawn_at >= self.every_s:
+            self.draw()  # a chart not drawn now is drawn at the end, or said then
 
     def finished(self, status: str, final: Path | None, summary: dict, stop) -> str | None:
         return self.draw()

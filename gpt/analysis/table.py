@@ -726,14 +726,15 @@ def compare(
     results: Path | None = None,
     failed: dict[str, str] | None = None,
     select_on: str | None = None,
+    plots: bool = True,
 ) -> dict:
-    """Write comparison.md, comparison.json, runs.csv and the plots into ``out``; return the result. Runs that
-    differ in more than the norm and the seeds are refused before anything is written, unless each differing
-    key is named in ``vary`` (a group per value) or ``allow_differ`` (accepted, and said in the report).
-    ``results``: a results table (CSV) to compare instead of run directories. ``failed``: runs that ended
-    without a result, each with its error (a sweep's failed cells), named in the report. ``select_on="val"``:
-    optim.lr is an axis, each norm type's rate is chosen on validation loss (``gpt.analysis.selection``) and the
-    test losses are compared at the chosen rates only."""
+    """Write comparison.md, comparison.json, runs.csv and (if ``plots``) the charts into ``out``; return the
+    result. Runs that differ in more than the norm and the seeds are refused before anything is written,
+    unless each differing key is named in ``vary`` (a group per value) or ``allow_differ`` (accepted, and said
+    in the report). ``results``: a results table (CSV) to compare instead of run directories. ``failed``: runs
+    that ended without a result, each with its error (a sweep's failed cells), named in the report.
+    ``select_on="val"``: optim.lr is an axis, each norm type's rate is chosen on validation loss
+    (``gpt.analysis.selection``) and the test losses are compared at the chosen rates only."""
     for flag, value in (("--equivalence-margin", equivalence_margin), ("--detect", detect)):
         if value is not None and not value > 0:
             raise UserError(f"{flag} {value} must be > 0 (a loss difference, e.g. 0.01)")
@@ -765,5 +766,6 @@ def compare(
     write_json(out / COMPARISON_FILE, json_safe(result), default=str, allow_nan=False)  # NaN -> null: standard JSON
     results_table.write_results(results_rows(groups), out / RESULTS_CSV)
     curves = [(g.label, [r.metrics for r in g.runs]) for g in groups]
-    result["plots"] = [str(p) for p in comparison_charts(curves, result["groups"], out, inside, selection)]
+    drawn = comparison_charts(curves, result["groups"], out, inside, selection) if plots else []
+    result["plots"] = [str(p) for p in drawn]
     return result

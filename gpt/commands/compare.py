@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         "default: over each run's configured test range)",
     )
     parser.add_argument("--offset", type=int, help="with --tokens: the first token (default: data.test_offset)")
+    parser.add_argument("--no-plots", action="store_true", help="write the tables only, no charts (seconds faster)")
     _add_differing_keys(parser)
     return parser
 
@@ -105,12 +106,11 @@ def main(argv: list[str] | None = None) -> int:
 
     keys = ("which", "split", "precision", "equivalence_margin", "detect", "vary", "allow_differ", "tokens", "offset")
     keys += ("select_on",)
-    result = compare(args.runs, args.out, args.baseline, results=args.results, **{k: getattr(args, k) for k in keys})
+    options = {k: getattr(args, k) for k in keys}
+    result = compare(args.runs, args.out, args.baseline, results=args.results, plots=not args.no_plots, **options)
     print(markdown(result), end="")
-    print(
-        f"\nwrote {args.out / 'comparison.md'}, comparison.json, runs.csv and plots: "
-        + ", ".join(Path(p).name for p in result["plots"])
-    )
+    plots = ", ".join(Path(p).name for p in result["plots"]) or "none (--no-plots)"
+    print(f"\nwrote {args.out / 'comparison.md'}, comparison.json, runs.csv and plots: {plots}")
     return 0
 
 

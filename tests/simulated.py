@@ -3,10 +3,12 @@
     python tests/simulated.py      # the table the README quotes: coverage now and with the method before
 
 Each function draws seeded replicates of a design whose truth is known (a true difference of 0, or
-of the equivalence margin), runs them through ``gpt.analysis.stats`` exactly as ``compare`` does,
-and returns how often the promise held. The tests (``tests/analysis/test_intervals.py``) assert the rates;
-this script prints them with more replicates, beside what the harness did before this release: all
-I x J crossed cells as independent pairs, HellaSwag paired over items, no multiplicity adjustment.
+of the equivalence margin), runs them all at once through the ``*_many`` estimators of
+``gpt.analysis.stats`` (what ``compare`` computes with their namesakes, replicate by replicate: the tests
+check that they agree cell by cell) and returns how often the promise held. The tests
+(``tests/analysis/test_intervals.py``) assert the rates; this script prints them with more replicates, beside
+what the harness did before this release: all I x J crossed cells as independent pairs, HellaSwag paired over
+items, no multiplicity adjustment.
 """
 
 from __future__ import annotations
@@ -41,41 +43,31 @@ def crossed_grids(n_init: int, n_data: int, components: tuple, reps: int, seed: 
     )
 
 
-def _cells(grid: np.ndarray) -> dict:
-    return {(i, 100 + j): float(grid[i, j]) for i in range(grid.shape[0]) for j in range(grid.shape[1])}
-
-
-def _covers(est: dict, truth: float = 0.0) -> bool:
-    return est["low"] <= truth <= est["high"]
+def _covers(est: dict, truth: float = 0.0) -> np.ndarray:
+    """Whether each replicate's interval holds the truth (no interval: it does not)."""
+    return (est["low"] <= truth) & (truth <= est["high"])
 
 
 def crossed_coverage(n_init: int, n_data: int, components: tuple, reps: int = 2000, seed: int = 0) -> float:
     """How often the comparison's interval for a crossed grid (``stats.difference`` against a baseline of 0s)
     covers the true difference 0."""
     grids = crossed_grids(n_init, n_data, components, reps, seed)
-    zero = {k: 0.0 for k in _cells(grids[0])}
-    return float(np.mean([_covers(stats.difference(_cells(g), zero)) for g in grids]))
+    return float(np.mean(_covers(stats.difference_many(grids, 0.0, crossed=True))))
 
 
 def cells_as_pairs_coverage(n_init: int, n_data: int, components: tuple, reps: int = 2000, seed: int = 0) -> float:
     """The method before: every cell of the grid one independent pair (a paired t on I J - 1 df)."""
     grids = crossed_grids(n_init, n_data, components, reps, seed)
-    hits = 0
-    for g in grids:
-        est = stats.mean_of({(k, k): float(v) for k, v in enumerate(g.ravel())})
-        hits += _covers(est)
-    return hits / reps
+    return float(np.mean(_covers(stats.mean_of_many(grids.reshape(reps, -1)))))
 
 
 def paired_coverage(n: int, reps: int = 2000, seed: int = 0) -> float:
     """Independent seeds: n pairs whose differences share a seed-level effect within the pair only."""
-    rng = np.random.default_rng(seed)
-    hits = 0
-    for _ in range(reps):
-        base = {(s, s): float(x) for s, x in enumerate(rng.normal(3.6, 0.01, n))}
-        group = {k: v + float(rng.normal(0, 0.004)) for k, v in base.items()}  # true difference 0
-        hits += _covers(stats.difference(group, base))
-    return hits / reps
+    # each replicate draws its n baseline losses, then the n differences: a row of 2 n normal draws
+    z = np.random.default_rng(seed).standard_normal((reps, 2 * n))
+    base = 3.6 + 0.01 * z[:, :n]
+    group = base + 0.004 * z[:, n:]  # true difference 0
+    return float(np.mean(_covers(stats.difference_many(group, base))))
 
 
 def hellaswag_runs(rng, n_seeds: int, n_items: int, seed_sd: float) -> tuple[list, list]:
@@ -99,30 +91,24 @@ def hellaswag_error_rates(
     paired by seed: what compare reports) excludes 0, and how often the item-paired interval and McNemar's
     test (the checkpoint statements, and the comparison before) call a difference at 5%."""
     rng = np.random.default_rng(seed)
-    seed_level = items = mcnemar = 0
-    for _ in range(reps):
+    accuracy = np.empty((2, reps, n_seeds))  # each run's accuracy: group, replicate, seed
+    items = np.empty(reps, dtype=bool)
+    only = np.empty((2, reps), dtype=int)  # the items only the first (second) group's seed-0 run got right
+    for r in range(reps):
         a, b = hellaswag_runs(rng, n_seeds, n_items, seed_sd)
-        est = stats.difference(
-            {(s, s): float(a[s].mean()) for s in range(n_seeds)}, {(s, s): float(b[s].mean()) for s in range(n_seeds)}
-        )
-        seed_level += not _covers(est)
+        accuracy[:, r] = a.mean(1), b.mean(1)
         d = a.mean(0) - b.mean(0)
-        half = 1.96 * d.std(ddof=1) / math.sqrt(n_items)
-        items += abs(d.mean()) > half
-        only_a, only_b = int((a[0] & ~b[0]).sum()), int((~a[0] & b[0]).sum())
-        mcnemar += stats.mcnemar(only_a, only_b) < 0.05
-    return {"seed-level": seed_level / reps, "items": items / reps, "mcnemar": mcnemar / reps}
+        items[r] = abs(d.mean()) > 1.96 * d.std(ddof=1) / math.sqrt(n_items)
+        only[:, r] = (a[0] & ~b[0]).sum(), (~a[0] & b[0]).sum()
+    seed_level = ~_covers(stats.difference_many(accuracy[0], accuracy[1]))
+    mcnemar = stats.mcnemar_many(only[0], only[1]) < 0.05
+    return {"seed-level": float(seed_level.mean()), "items": float(items.mean()), "mcnemar": float(mcnemar.mean())}
 
 
 def tost_error_paired(n: int, margin: float = 0.01, sd: float = 0.01, reps: int = 4000, seed: int = 0) -> float:
     """How often TOST calls two groups equivalent within +-margin when the true difference is the margin."""
-    rng = np.random.default_rng(seed)
-    wrong = 0
-    for _ in range(reps):
-        base = {(s, s): 0.0 for s in range(n)}
-        group = {k: margin + float(rng.normal(0, sd)) for k in base}
-        wrong += bool(stats.equivalence(stats.difference(group, base), margin)["equivalent"])
-    return wrong / reps
+    group = margin + sd * np.random.default_rng(seed).standard_normal((reps, n))
+    return float(np.mean(stats.equivalence_many(stats.difference_many(group, 0.0), margin)["equivalent"]))
 
 
 def tost_error_crossed(
@@ -130,10 +116,7 @@ def tost_error_crossed(
 ) -> float:
     """TOST's type I error at the margin for a crossed grid (components in units of the margin squared)."""
     grids = crossed_grids(n_init, n_data, components, reps, seed) + margin
-    zero = {k: 0.0 for k in _cells(grids[0])}
-    return float(
-        np.mean([bool(stats.equivalence(stats.difference(_cells(g), zero), margin)["equivalent"]) for g in grids])
-    )
+    return float(np.mean(stats.equivalence_many(stats.difference_many(grids, 0.0, crossed=True), margin)["equivalent"]))
 
 
 def family_wise_error(
@@ -141,31 +124,25 @@ def family_wise_error(
 ) -> float:
     """Under the global null (every norm type the same): how often at least one of the n_groups - 1
     comparisons with the baseline is called a difference at 5%, with Holm's adjustment (or without)."""
-    rng = np.random.default_rng(seed)
-    hits = 0
-    for _ in range(reps):
-        seed_effect = rng.normal(0, 0.01, n_seeds)  # the same seed: the same initial weights in every group
-        groups = [
-            {(s, s): 3.6 + seed_effect[s] + float(rng.normal(0, 0.005)) for s in range(n_seeds)}
-            for _ in range(n_groups)
-        ]
-        ps = [stats.difference(g, groups[0])["p"] for g in groups[1:]]
-        ps = stats.holm(ps) if adjust else ps
-        hits += any(p < 0.05 for p in ps)
-    return hits / reps
+    # each replicate draws the seeds' effects, then each group's runs, seed by seed: a row of normal draws
+    z = np.random.default_rng(seed).standard_normal((reps, (1 + n_groups) * n_seeds))
+    seed_effect = 0.01 * z[:, None, :n_seeds]  # the same seed: the same initial weights in every group
+    groups = 3.6 + seed_effect + 0.005 * z[:, n_seeds:].reshape(reps, n_groups, n_seeds)
+    ps = stats.difference_many(groups[:, 1:], groups[:, :1])["p"]
+    ps = stats.holm_many(ps) if adjust else ps
+    return float(np.mean((ps < 0.05).any(axis=-1)))
 
 
 def share_coverage(n_init: int, n_data: int, components: tuple, reps: int = 400, seed: int = 0) -> dict:
     """How often each share's interval (``stats.variance_components``) covers the true share."""
     grids = crossed_grids(n_init, n_data, components, reps, seed)
     truth = dict(zip(("init", "data", "residual"), np.array(components) / sum(components)))
-    hits = dict.fromkeys(truth, 0)
-    for g in grids:
-        c = stats.variance_components(g, draws=4000)["components"]
-        for k in hits:
-            low, high = c[k]["share_interval"]
-            hits[k] += low <= truth[k] <= high
-    return {k: h / reps for k, h in hits.items()}
+    c = stats.variance_components_many(grids, draws=4000)["components"]
+    hits = {}
+    for k, share in truth.items():
+        low, high = np.moveaxis(c[k]["share_interval"], -1, 0)
+        hits[k] = float(np.mean((low <= share) & (share <= high)))
+    return hits
 
 
 def main() -> None:

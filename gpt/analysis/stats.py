@@ -144,18 +144,9 @@ def mean_of(cells: dict, level: float = LEVEL) -> dict:
 
 def mean_squares(y: np.ndarray) -> dict:
     """The two-way ANOVA without replication of ``y[i, j]`` (init seed i, data seed j): mean squares and
-    degrees of freedom of the rows (init), the columns (data) and the rest."""
-    n_init, n_data = y.shape
-    if n_init < 2 or n_data < 2:
-        raise ValueError(f"a crossed design needs at least 2 x 2 runs, got {n_init} x {n_data}")
-    grand, rows, cols = y.mean(), y.mean(axis=1), y.mean(axis=0)
-    df = {"init": n_init - 1, "data": n_data - 1, "residual": (n_init - 1) * (n_data - 1)}
-    ms = {
-        "init": n_data * float(((rows - grand) ** 2).sum()) / df["init"],
-        "data": n_init * float(((cols - grand) ** 2).sum()) / df["data"],
-        "residual": float(((y - rows[:, None] - cols[None, :] + grand) ** 2).sum()) / df["residual"],
-    }
-    return {"grand": float(grand), "ms": ms, "df": df}
+    degrees of freedom of the rows (init), the columns (data) and the rest (``mean_squares_many`` of one grid)."""
+    m = mean_squares_many(np.asarray(y, dtype=float))
+    return {"grand": float(m["grand"]), "ms": {k: float(v) for k, v in m["ms"].items()}, "df": m["df"]}
 
 
 def crossed_mean(y: np.ndarray, level: float = LEVEL) -> dict:
@@ -367,10 +358,165 @@ def variance_components(losses: np.ndarray, level: float = LEVEL, draws: int = S
     interval is from generalized pivotal quantities (Weerahandi 1993): each mean square's pivot ``SS_q /
     chi2(df_q)`` drawn ``draws`` times from a fixed seed, the components truncated at 0 as the estimates are.
     """
-    y = np.asarray(losses, dtype=float)
-    m = mean_squares(y)
+    many = variance_components_many(losses, level, draws)  # one grid: every number a 0-d array
+    components = {
+        name: {
+            **{k: float(v) if isinstance(v, np.ndarray) else v for k, v in c.items() if k != "share_interval"},
+            "share_interval": [float(q) for q in c["share_interval"]],
+        }
+        for name, c in many["components"].items()
+    }
+    return {
+        **many,
+        "mean": float(many["mean"]),
+        "total_variance": float(many["total_variance"]),
+        "components": components,
+    }
+
+
+def _ting_coefficients(df1: int, df2: int, alpha: float) -> tuple[float, ...]:
+    """``G1, H1, G2, H2, G12, H12`` of Ting et al.'s interval (``_difference_interval``): they depend on the
+    degrees of freedom and ``alpha`` only."""
+
+    def chi_f(q: float, df: int) -> float:  # the F(df, infinity) quantile
+        return float(stats.chi2.ppf(q, df)) / df
+
+    f_hi, f_lo = float(stats.f.ppf(1 - alpha, df1, df2)), float(stats.f.ppf(alpha, df1, df2))
+    g1, h1 = 1 - 1 / chi_f(1 - alpha, df1), 1 / chi_f(alpha, df1) - 1
+    g2, h2 = 1 - 1 / chi_f(1 - alpha, df2), 1 / chi_f(alpha, df2) - 1
+    g12 = ((f_hi - 1) ** 2 - g1**2 * f_hi**2 - h2**2) / f_hi
+    h12 = ((1 - f_lo) ** 2 - h1**2 * f_lo**2 - g2**2) / f_lo
+    return g1, h1, g2, h2, g12, h12
+
+
+# ---------------------------------------------------------- many replicates at once, for the simulations
+#
+# The functions above take one comparison's cells; the simulations (tests/simulated.py) draw tens of thousands of
+# replicates of one design. The ``*_many`` functions take them as one array, the replicates along the leading
+# axes, and give what their namesakes give, each number an array over the replicates: the same formulas, each
+# quantile computed once per degrees of freedom. tests/analysis/test_intervals.py checks them against their
+# namesakes replicate by replicate.
+
+
+def _t_many(q: float, df: np.ndarray) -> np.ndarray:
+    """``_t(q, df)`` for an array of degrees of freedom, computed once for each distinct one."""
+    distinct, where = np.unique(df, return_inverse=True)
+    return special.stdtrit(distinct, q)[where].reshape(np.shape(df))
+
+
+def _t_interval_many(mean: np.ndarray, se: np.ndarray, df: np.ndarray, level: float) -> dict:
+    """``t_interval`` over arrays: no interval and no p (NaN) where se is 0."""
+    no_spread = se == 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        half = _t_many(0.5 + level / 2, df) * se
+        p = 2 * special.stdtr(df, -np.abs(mean) / se)
+    low, high = np.where(no_spread, np.nan, mean - half), np.where(no_spread, np.nan, mean + half)
+    p = np.where(no_spread, np.nan, p)
+    return {"mean": mean, "se": se, "df": df, "low": low, "high": high, "p": p, "no_spread": no_spread}
+
+
+def mean_of_many(values, level: float = LEVEL, crossed: bool = False) -> dict:
+    """``mean_of`` for many replicates of one complete design: ``values[..., n]`` the n >= 2 cells of independent
+    seeds (a t interval on n - 1 df), or with ``crossed`` ``values[..., I, J]`` crossed grids (``crossed_mean``,
+    with its ``floored``). Keys: ``mean``, ``se``, ``df``, ``low``, ``high``, ``p``, ``no_spread`` and ``sd``,
+    arrays over the leading axes; ``n``, the cells of one replicate."""
+    y = np.asarray(values, dtype=float)
+    if crossed:
+        return crossed_mean_many(y, level)
+    n = y.shape[-1]
+    if n < 2:
+        raise ValueError(f"a mean with an interval needs at least 2 cells, got {n}")
+    sd = y.std(axis=-1, ddof=1)
+    out = _t_interval_many(y.mean(axis=-1), sd / math.sqrt(n), np.full(sd.shape, float(n - 1)), level)
+    return {**out, "n": n, "sd": sd}
+
+
+def mean_squares_many(y: np.ndarray) -> dict:
+    """``mean_squares`` of grids ``y[..., i, j]``: the grand means and mean squares as arrays."""
+    n_init, n_data = y.shape[-2:]
+    if n_init < 2 or n_data < 2:
+        raise ValueError(f"a crossed design needs at least 2 x 2 runs, got {n_init} x {n_data}")
+    grand, rows, cols = y.mean(axis=(-2, -1)), y.mean(axis=-1), y.mean(axis=-2)
+    df = {"init": n_init - 1, "data": n_data - 1, "residual": (n_init - 1) * (n_data - 1)}
+    rest = y - rows[..., :, None] - cols[..., None, :] + grand[..., None, None]
+    ms = {
+        "init": n_data * ((rows - grand[..., None]) ** 2).sum(axis=-1) / df["init"],
+        "data": n_init * ((cols - grand[..., None]) ** 2).sum(axis=-1) / df["data"],
+        "residual": (rest**2).sum(axis=(-2, -1)) / df["residual"],
+    }
+    return {"grand": grand, "ms": ms, "df": df}
+
+
+def crossed_mean_many(y: np.ndarray, level: float = LEVEL) -> dict:
+    """``crossed_mean`` of grids ``y[..., i, j]`` (the interval, its ``floored``, ``sd``; not the plan's terms)."""
+    y = np.asarray(y, dtype=float)
+    m = mean_squares_many(y)
     ms, df = m["ms"], m["df"]
-    n_init, n_data = y.shape
+    n_init, n_data = y.shape[-2:]
+    cells = n_init * n_data
+    satterthwaite = ms["init"] + ms["data"] - ms["residual"]
+    independent = y.reshape(*y.shape[:-2], cells).var(axis=-1, ddof=1)
+    floored = ~(satterthwaite > independent)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        dof = satterthwaite**2 / (
+            ms["init"] ** 2 / df["init"] + ms["data"] ** 2 / df["data"] + ms["residual"] ** 2 / df["residual"]
+        )
+    dof = np.where(floored, float(cells - 1), dof)
+    variance = np.where(floored, independent, satterthwaite)
+    out = _t_interval_many(m["grand"], np.sqrt(variance / cells), dof, level)
+    one = 1 / n_data * ms["init"] + 1 / n_init * ms["data"] + (1 - 1 / n_init - 1 / n_data) * ms["residual"]
+    return {**out, "n": cells, "sd": np.sqrt(np.maximum(one, 0.0)), "floored": floored}
+
+
+def difference_many(a, b, level: float = LEVEL, crossed: bool = False) -> dict:
+    """``difference`` of replicates whose two groups share every cell (the paired and crossed designs): ``a`` and
+    ``b`` broadcast to ``[..., n]`` (seed k of one with seed k of the other) or, ``crossed``, to ``[..., I, J]``;
+    ``mean_of_many`` of ``a - b``, with ``diff``."""
+    est = mean_of_many(np.asarray(a, dtype=float) - np.asarray(b, dtype=float), level, crossed)
+    return {**est, "diff": est["mean"], "method": "crossed" if crossed else "paired"}
+
+
+def equivalence_many(est: dict, margin: float, level: float = LEVEL) -> dict:
+    """``equivalence`` (TOST) of ``difference_many``'s estimates: ``p`` (NaN where there is no spread) and
+    ``equivalent`` (False there, where ``equivalence`` says None)."""
+    diff, se, df = est["diff"], est["se"], est["df"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p_lower = special.stdtr(df, -(diff + margin) / se)  # H0: true difference <= -margin
+        p_upper = special.stdtr(df, (diff - margin) / se)  # H0: true difference >= +margin
+    p = np.where(np.isnan(se) | (se == 0), np.nan, np.maximum(p_lower, p_upper))
+    return {"margin": margin, "p": p, "equivalent": p < 1 - level, "no_spread": se == 0}
+
+
+def holm_many(ps) -> np.ndarray:
+    """``holm`` of many families at once, one a row of ``ps[..., m]`` (NaN: not a member)."""
+    ps = np.asarray(ps, dtype=float)
+    order = np.argsort(ps, axis=-1, kind="stable")  # NaN last; equal p-values in their order, as sorted() has them
+    ranked = np.take_along_axis(ps, order, axis=-1)
+    members = (~np.isnan(ps)).sum(axis=-1, keepdims=True)
+    adjusted = np.maximum.accumulate(np.minimum(1.0, (members - np.arange(ps.shape[-1])) * ranked), axis=-1)
+    out = np.empty_like(ps)
+    np.put_along_axis(out, order, adjusted, axis=-1)
+    return out
+
+
+def mcnemar_many(only_a, only_b) -> np.ndarray:
+    """``mcnemar`` of arrays of counts: binomtest's two-sided p for a fair coin, whose terms of the other tail are
+    those at or beyond the mirror image of the smaller count."""
+    only_a, only_b = np.asarray(only_a), np.asarray(only_b)
+    n, fewer = only_a + only_b, np.minimum(only_a, only_b)
+    with np.errstate(invalid="ignore"):
+        p = stats.binom.cdf(fewer, n, 0.5) + stats.binom.sf(n - fewer - 1, n, 0.5)
+    return np.where(only_a == only_b, 1.0, np.minimum(1.0, p))
+
+
+def variance_components_many(losses, level: float = LEVEL, draws: int = SHARE_DRAWS) -> dict:
+    """``variance_components`` of grids ``losses[..., i, j]``: the same keys, every number an array over the
+    leading axes (a ``share_interval`` of shape ``[..., 2]``). ``draws`` 0 skips the shares' intervals (NaN), most
+    of the time taken: for a simulation of the components' own intervals."""
+    y = np.asarray(losses, dtype=float)
+    m = mean_squares_many(y)
+    ms, df = m["ms"], m["df"]
+    n_init, n_data = y.shape[-2:]
     alpha = (1 - level) / 2
     residual = (
         df["residual"] * ms["residual"] / float(stats.chi2.ppf(1 - alpha, df["residual"])),
@@ -387,12 +533,24 @@ def variance_components(losses: np.ndarray, level: float = LEVEL, draws: int = S
         ),
         "residual": (ms["residual"], residual),
     }
-    total = sum(max(est, 0.0) for est, _ in parts.values())
-    shares = _share_intervals(ms, df, n_init, n_data, alpha, draws)
-    components = {
-        name: {**_component(est, interval, total, ms[name], df[name]), "share_interval": list(shares[name])}
-        for name, (est, interval) in parts.items()
-    }
+    total = sum(np.maximum(est, 0.0) for est, _ in parts.values())
+    shares = _share_intervals_many(ms, df, n_init, n_data, alpha, draws)
+    components = {}
+    for name, (estimate, (low, high)) in parts.items():
+        variance = np.maximum(estimate, 0.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.where(total != 0, variance / total, np.nan)
+        components[name] = {
+            "variance": variance,
+            "estimate": estimate,
+            "sd": np.sqrt(variance),
+            "low": np.maximum(low, 0.0),
+            "high": np.maximum(high, 0.0),
+            "share": share,
+            "mean_square": ms[name],
+            "df": df[name],
+            "share_interval": shares[name],
+        }
     return {
         "n_init": n_init,
         "n_data": n_data,
@@ -403,47 +561,36 @@ def variance_components(losses: np.ndarray, level: float = LEVEL, draws: int = S
     }
 
 
-def _component(estimate: float, interval: tuple[float, float], total: float, mean_square: float, df: int) -> dict:
-    """One variance component as reported: a negative estimate (and interval end) read as 0."""
-    variance = max(estimate, 0.0)
-    return {
-        "variance": variance,
-        "estimate": estimate,
-        "sd": math.sqrt(variance),
-        "low": max(interval[0], 0.0),
-        "high": max(interval[1], 0.0),
-        "share": variance / total if total else math.nan,
-        "mean_square": mean_square,
-        "df": df,
-    }
+def _share_intervals_many(ms: dict, df: dict, n_init: int, n_data: int, alpha: float, draws: int) -> dict:
+    """``_share_intervals`` of many grids: the same chi-square draws for every grid, as each call of it draws them,
+    the quantiles taken a block of grids at a time (a block's pivots held in memory, a few MB)."""
+    shape = np.shape(ms["residual"])
+    if draws == 0:
+        return {k: np.full((*shape, 2), np.nan) for k in ms}
+    rng = np.random.default_rng(0)
+    chi = {k: rng.chisquare(df[k], draws) for k in ms}
+    flat = {k: np.reshape(v, -1) for k, v in ms.items()}
+    out = {k: np.empty((flat["residual"].size, 2)) for k in ms}
+    block = max(1, 2**18 // draws)
+    for start in range(0, flat["residual"].size, block):
+        pivot = {k: flat[k][start : start + block, None] * df[k] / chi[k] for k in ms}
+        parts = {
+            "init": np.maximum(pivot["init"] - pivot["residual"], 0.0) / n_data,
+            "data": np.maximum(pivot["data"] - pivot["residual"], 0.0) / n_init,
+            "residual": pivot["residual"],
+        }
+        total = parts["init"] + parts["data"] + parts["residual"]
+        for k, v in parts.items():
+            out[k][start : start + block] = np.quantile(v / total, [alpha, 1 - alpha], axis=-1).T
+    return {k: v.reshape(*shape, 2) for k, v in out.items()}
 
 
-def _share_intervals(ms: dict, df: dict, n_init: int, n_data: int, alpha: float, draws: int) -> dict:
-    """Each component's share of the total, as a generalized pivotal quantity's (alpha, 1 - alpha) quantiles."""
-    rng = np.random.default_rng(0)  # fixed: the same grid gives the same interval
-    pivot = {k: ms[k] * df[k] / rng.chisquare(df[k], draws) for k in ms}
-    parts = {
-        "init": np.maximum(pivot["init"] - pivot["residual"], 0.0) / n_data,
-        "data": np.maximum(pivot["data"] - pivot["residual"], 0.0) / n_init,
-        "residual": pivot["residual"],
-    }
-    total = parts["init"] + parts["data"] + parts["residual"]
-    return {k: tuple(float(q) for q in np.quantile(v / total, [alpha, 1 - alpha])) for k, v in parts.items()}
-
-
-def _difference_interval(ms1: float, df1: int, ms2: float, df2: int, c: float, alpha: float) -> tuple[float, float]:
+def _difference_interval(ms1, df1: int, ms2, df2: int, c: float, alpha: float) -> tuple[np.ndarray, np.ndarray]:
     """The modified large-sample interval for ``c * (E[ms1] - E[ms2])`` of Ting et al. (1990), two-sided with
-    ``alpha`` in each tail (Burdick and Graybill 1992, eq. 3.8 and 3.9)."""
-
-    def chi_f(q: float, df: int) -> float:  # the F(df, infinity) quantile
-        return float(stats.chi2.ppf(q, df)) / df
-
-    f_hi, f_lo = float(stats.f.ppf(1 - alpha, df1, df2)), float(stats.f.ppf(alpha, df1, df2))
-    g1, h1 = 1 - 1 / chi_f(1 - alpha, df1), 1 / chi_f(alpha, df1) - 1
-    g2, h2 = 1 - 1 / chi_f(1 - alpha, df2), 1 / chi_f(alpha, df2) - 1
-    g12 = ((f_hi - 1) ** 2 - g1**2 * f_hi**2 - h2**2) / f_hi
-    h12 = ((1 - f_lo) ** 2 - h1**2 * f_lo**2 - g2**2) / f_lo
+    ``alpha`` in each tail (Burdick and Graybill 1992, eq. 3.8 and 3.9), for mean squares ``ms1``, ``ms2`` (arrays
+    over replicates, or numbers)."""
+    g1, h1, g2, h2, g12, h12 = _ting_coefficients(df1, df2, alpha)
     estimate = c * (ms1 - ms2)
-    low = estimate - c * math.sqrt(max(g1**2 * ms1**2 + h2**2 * ms2**2 + g12 * ms1 * ms2, 0.0))
-    high = estimate + c * math.sqrt(max(h1**2 * ms1**2 + g2**2 * ms2**2 + h12 * ms1 * ms2, 0.0))
+    low = estimate - c * np.sqrt(np.maximum(g1**2 * ms1**2 + h2**2 * ms2**2 + g12 * ms1 * ms2, 0.0))
+    high = estimate + c * np.sqrt(np.maximum(h1**2 * ms1**2 + g2**2 * ms2**2 + h12 * ms1 * ms2, 0.0))
     return low, high

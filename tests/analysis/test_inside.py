@@ -3,12 +3,14 @@ charts, and a comparison's sheet with the numbers it draws."""
 
 import json
 import math
+from types import SimpleNamespace
 
 import matplotlib.image
 import numpy as np
 import pytest
-from analysis.test_compare import make_run
+from analysis.test_compare import make_run, render_only
 
+from gpt.analysis import charts
 from gpt.analysis.charts import INSIDE_CHARTS, INSIDE_SHEET, RunCharts, plot_inside
 from gpt.analysis.inside import Stats, group_curves, group_profiles, load_stats
 from gpt.analysis.table import compare
@@ -99,7 +101,8 @@ def assert_png(path) -> None:
     assert matplotlib.image.imread(path).shape[2] in (3, 4)
 
 
-def test_a_runs_charts_are_drawn_and_the_hook_draws_them(tmp_path):
+def test_a_runs_charts_are_drawn_and_the_hook_draws_them(tmp_path, monkeypatch):
+    render_only(monkeypatch, *(file for file, _ in INSIDE_CHARTS.values()))  # the run's loss charts: not looked at
     run = tmp_path / "run"
     diverged = record(40)
     diverged.update(resid_rms=["nan", "inf", 0.0, -1.0], attn_logit_max=["nan"] * 3, update_ratio=["inf"] * 3)
@@ -118,7 +121,42 @@ def test_a_runs_charts_are_drawn_and_the_hook_draws_them(tmp_path):
         assert_png(hook.run.path / file)
 
 
-def test_the_comparison_draws_the_sheet_and_names_runs_without_stats(tmp_path):
+def test_the_hook_draws_at_the_end_and_after_a_checkpoint_once_every_s_have_passed(tmp_path, monkeypatch):
+    now = [1000.0]  # the hook's clock, moved by hand
+    monkeypatch.setattr(charts, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    drawn = []
+    monkeypatch.setattr(charts, "plot_run", lambda records, folder, title: drawn.append(folder))
+    run = make_run(tmp_path, "made", "dyt", 0, 3.6)
+    ckpt = run / "checkpoints" / "step-00000100"
+    hook = RunCharts("a run")
+    assert hook.every_s == 300
+    hook.started(run)
+    hook.checkpoint_saved(ckpt)  # right after the start: nothing drawn
+    now[0] += 299.5
+    hook.checkpoint_saved(ckpt)
+    assert drawn == []
+    now[0] += 0.5  # 300 s since the start
+    hook.checkpoint_saved(ckpt)
+    assert drawn == [run]
+    now[0] += 299.5  # 299.5 s since that draw
+    hook.checkpoint_saved(ckpt)
+    assert drawn == [run]
+    assert hook.finished("completed", ckpt, {}, None) is None  # the end draws, however soon after the last
+    assert drawn == [run, run]
+    assert RunCharts("a run", every_s=60).every_s == 60
+    every = RunCharts("a run", every_s=0)  # every checkpoint
+    every.started(run)
+    every.checkpoint_saved(ckpt)
+    every.checkpoint_saved(ckpt)
+    assert drawn == [run] * 4
+    short = RunCharts("a run")  # a run of seconds: drawn once, at its end
+    short.started(run)
+    short.checkpoint_saved(ckpt)
+    assert short.finished("diverged", None, {}, None) is None and drawn == [run] * 5
+
+
+def test_the_comparison_draws_the_sheet_and_names_runs_without_stats(tmp_path, monkeypatch):
+    render_only(monkeypatch, INSIDE_SHEET)
     runs = [
         make_run(tmp_path, f"{short}-s{s}", norm, s, 3.6 + s / 100)
         for short, norm in (("hr", "handrolled_layernorm"), ("dyt", "dyt"))
@@ -140,7 +178,8 @@ def test_the_comparison_draws_the_sheet_and_names_runs_without_stats(tmp_path):
     assert json.loads((tmp_path / "out" / "comparison.json").read_text())["inside"] == result["inside"]
 
 
-def test_a_comparison_without_stats_says_nothing_of_them(tmp_path):
+def test_a_comparison_without_stats_says_nothing_of_them(tmp_path, monkeypatch):
+    render_only(monkeypatch)  # which charts, not their pixels: an inside.png would still be written, empty
     runs = [make_run(tmp_path, f"r{s}", "dyt", s, 3.6) for s in range(2)]
     result = compare(runs, tmp_path / "out")
     assert result["inside"]["plot"] is None and result["inside"]["without_stats"] == ["r0", "r1"]

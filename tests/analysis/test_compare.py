@@ -1,17 +1,18 @@
 """scripts/compare.py on synthetic run directories with known numbers."""
 
 import copy
+import functools
 import json
 import math
-import subprocess
-import sys
 
 import matplotlib.image
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 import scipy.stats
 from conftest import ROOT
 
+from gpt.analysis import charts
 from gpt.analysis.table import compare
 from gpt.common.errors import UserError
 from gpt.config import config_from_dict, dump_config
@@ -61,6 +62,28 @@ def segment(**flat):
     return out
 
 
+def render_only(monkeypatch, *files):
+    """From now on every chart is drawn as ever but only those named ``files`` are rendered into PNGs; the others
+    are written empty (rendering is most of a chart's second): for tests of which charts are drawn, not of their
+    pixels (test_outputs_are_written renders each of a comparison's)."""
+    real = charts.save_figure
+
+    def save(fig, path):
+        if path.name in files:
+            return real(fig, path)
+        plt.close(fig)
+        path.write_bytes(b"")
+        return path
+
+    monkeypatch.setattr(charts, "save_figure", save)
+
+
+@functools.cache
+def config_text(sections: str) -> str:
+    """config.yaml of the sections (JSON): the same few configs serve hundreds of made-up runs."""
+    return dump_config(config_from_dict(json.loads(sections)))
+
+
 def make_run(
     root,
     name,
@@ -88,10 +111,9 @@ def make_run(
     }
     for section, values in (config or {}).items():
         sections[section] = {**sections.get(section, {}), **values}
-    cfg = config_from_dict(sections)
     ckpt = run / "checkpoints" / "step-00000100"
     ckpt.mkdir(parents=True)
-    (run / "config.yaml").write_text(dump_config(cfg))
+    (run / "config.yaml").write_text(config_text(json.dumps(sections, sort_keys=True)))
     (run / "metrics.jsonl").write_text(
         "".join(
             json.dumps(
@@ -160,7 +182,7 @@ def runs(tmp_path):
 
 
 def test_means_stds_and_paired_interval(runs, tmp_path):
-    result = compare(runs, tmp_path / "out")
+    result = compare(runs, tmp_path / "out", plots=False)
     rows = {r["group"]: r for r in result["groups"]}
     assert result["baseline"] == "handrolled_layernorm"
     assert rows["handrolled_layernorm"]["test_loss_mean"] == pytest.approx(3.6)
@@ -191,22 +213,9 @@ def test_means_stds_and_paired_interval(runs, tmp_path):
     assert rows["handrolled_layernorm"]["tokens_per_s_mean"] == pytest.approx(1001.0)
 
 
-def test_outputs_are_written(runs, tmp_path):
+def test_outputs_are_written(runs, tmp_path, cli):
     out = tmp_path / "out"
-    res = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "compare.py"),
-            *map(str, runs),
-            "--out",
-            str(out),
-            "--baseline",
-            "pytorch_layernorm",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    res = cli(ROOT / "scripts" / "compare.py", *runs, "--out", out, "--baseline", "pytorch_layernorm")
     assert res.returncode == 0, res.stderr
     md = (out / "comparison.md").read_text()
     assert "| no_norm | 1 (0) | n/a | n/a | n/a |" in md and "1 diverged (diverged at step 530)" in md
@@ -228,7 +237,7 @@ def test_missing_evaluation_is_reported(tmp_path):
     a = make_run(tmp_path, "a", "dyt", 0, 3.7)
     b = make_run(tmp_path, "b", "dyt", 1)
     c = make_run(tmp_path, "c", "pytorch_rmsnorm", 0, 3.6)
-    result = compare([a, b, c], tmp_path / "out", baseline="dyt")
+    result = compare([a, b, c], tmp_path / "out", baseline="dyt", plots=False)
     dyt = next(g for g in result["groups"] if g["group"] == "dyt")
     assert dyt["missing_evaluation"] == [str(b)] and dyt["n_evaluated"] == 1
     assert f"Not evaluated (run `python evaluate.py` on them): {b}" in (tmp_path / "out" / "comparison.md").read_text()
@@ -268,7 +277,7 @@ def test_dropped_runs_and_pairing_on_shared_seeds(tmp_path):
     runs.append(make_run(tmp_path, "pt-s5", "pytorch_layernorm", 5, 3.5, status="interrupted"))
     runs.append(make_run(tmp_path, "pt-s6", "pytorch_layernorm", 6))  # completed, never evaluated
     for which in ("final", "best", "latest"):
-        result = compare(runs, tmp_path / which, which=which, equivalence_margin=0.05)
+        result = compare(runs, tmp_path / which, which=which, equivalence_margin=0.05, plots=False)
         row = next(g for g in result["groups"] if g["group"] == "pytorch_layernorm")
         assert row["n_evaluated"] == 4 and row["test_loss_mean"] == pytest.approx(sum(pt.values()) / 4), which
         assert [(x["seed"], x["reason"]) for x in row["left_out"]] == [
@@ -342,7 +351,7 @@ def test_the_plan_is_prospective_at_an_upper_bound_of_the_noise(tmp_path):
     runs += [
         make_run(tmp_path, f"b{s}", "pytorch_rmsnorm", s, loss + d) for s, (loss, d) in enumerate(zip(base, diffs))
     ]
-    result = compare(runs, tmp_path / "out", equivalence_margin=0.04)
+    result = compare(runs, tmp_path / "out", equivalence_margin=0.04, plots=False)
     v = result["groups"][1]["vs_baseline"]
     assert v["sd"] == pytest.approx(sd) and v["p"] == pytest.approx(2 * st.t.sf(abs(mean) / se, n - 1))
     # the plan: the sd at its one-sided 80% upper confidence bound (chi-square), never the point estimate
@@ -361,7 +370,7 @@ def test_the_plan_is_prospective_at_an_upper_bound_of_the_noise(tmp_path):
     assert "| group | design | p | Holm p (1 in the family) | equivalent within +-0.04 (TOST p) |" in md
     assert "pairs to detect 0.04 |" in md and "A total, not how many more" in md
     # --detect names the difference to plan for
-    named = compare(runs, tmp_path / "out2", detect=0.01)["groups"][1]["vs_baseline"]["plan"]
+    named = compare(runs, tmp_path / "out2", detect=0.01, plots=False)["groups"][1]["vs_baseline"]["plan"]
     assert named["detect"] == 0.01 and named["pairs_needed"] == stats.pairs_needed(0.01, upper)
     with pytest.raises(UserError, match=r"--detect -1.0 must be > 0"):
         compare(runs, tmp_path / "out3", detect=-1.0)
@@ -371,7 +380,7 @@ def test_identical_differences_are_said_to_have_no_spread(tmp_path):
     # two implementations of one function: every paired difference exactly equal
     runs = [make_run(tmp_path, f"a{s}", "handrolled_layernorm", s, 3.6 + s / 100) for s in range(3)]
     runs += [make_run(tmp_path, f"b{s}", "pytorch_layernorm", s, 3.6 + s / 100) for s in range(3)]
-    result = compare(runs, tmp_path / "out", equivalence_margin=0.01)
+    result = compare(runs, tmp_path / "out", equivalence_margin=0.01, plots=False)
     v = result["groups"][1]["vs_baseline"]
     assert v["no_spread"] and v["diff"] == 0 and math.isnan(v["low"]) and math.isnan(v["p"])
     assert v["equivalence"]["equivalent"] is None and v["plan"]["no_spread"] and v["plan"]["pairs_needed"] is None
@@ -388,7 +397,7 @@ def test_a_seed_is_the_initial_weights_and_the_data_order(tmp_path):
     a = [make_run(tmp_path, f"a{i}", "handrolled_layernorm", 0, 3.60 + i / 100, init_seed=i) for i in range(3)]
     b = [make_run(tmp_path, f"b{i}", "pytorch_layernorm", 0, 3.58 + i / 100, init_seed=i) for i in range(3)]
     other = make_run(tmp_path, "b-other", "pytorch_layernorm", 1, 3.5, init_seed=0)  # same weights, other data
-    result = compare([*a, *b, other], tmp_path / "out")
+    result = compare([*a, *b, other], tmp_path / "out", plots=False)
     row = result["groups"][1]
     assert row["seeds"] == ["0", "1/0", "2/0", "0/1"]
     v = row["vs_baseline"]
@@ -408,11 +417,11 @@ def test_runs_of_different_lengths_are_refused(tmp_path):
     ):
         compare([a, b, c], tmp_path / "out")
     assert not (tmp_path / "out").exists()
-    assert compare([a, c], tmp_path / "out")["groups"][1]["n_evaluated"] == 1
+    assert compare([a, c], tmp_path / "out", plots=False)["groups"][1]["n_evaluated"] == 1
 
 
 def test_comparison_json_is_standard_json(runs, tmp_path):
-    compare(runs, tmp_path / "out")  # one-seed and diverged groups: NaN means, missing intervals
+    compare(runs, tmp_path / "out", plots=False)  # one-seed and diverged groups: NaN means, missing intervals
     data = strict_json((tmp_path / "out" / "comparison.json").read_text())
     none = next(g for g in data["groups"] if g["group"] == "no_norm")
     assert none["test_loss_mean"] is None and none["vs_baseline"]["diff"] is None
@@ -461,7 +470,7 @@ def test_precisions_are_not_pooled(tmp_path):
     ):
         compare(runs, tmp_path / "out")
     assert not (tmp_path / "out").exists()
-    result = compare(runs, tmp_path / "out", vary=["train.precision"])
+    result = compare(runs, tmp_path / "out", vary=["train.precision"], plots=False)
     assert [g["group"] for g in result["groups"]] == [
         "handrolled_layernorm, train.precision=fp32",
         "pytorch_layernorm, train.precision=bf16",
@@ -474,7 +483,7 @@ def test_precisions_are_not_pooled(tmp_path):
 def test_config_resolved_by_the_fingerprint_is_compared_as_used(tmp_path):
     # precision: auto (hr) and precision: bf16 (pt) computed the same thing on these GPUs: not a difference
     runs = pair(tmp_path, hr_config={"train": {"precision": "auto"}}, pt_config={"train": {"precision": "bf16"}})
-    result = compare(runs, tmp_path / "out")
+    result = compare(runs, tmp_path / "out", plots=False)
     assert result["shared"]["train.precision"] == "bf16" and len(result["groups"]) == 2
 
 
@@ -488,7 +497,7 @@ def test_bookkeeping_settings_are_not_a_difference(tmp_path):
             "hub": {"private": False},
         },
     )
-    assert len(compare(runs, tmp_path / "out")["groups"]) == 2
+    assert len(compare(runs, tmp_path / "out", plots=False)["groups"]) == 2
     other = pair(tmp_path / "eval", pt_config={"train": {"eval_every": 7}})
     with pytest.raises(UserError, match=r"train\.eval_every: 500 \(hr-s0, hr-s1, hr-s2\); 7 \(pt-s0"):
         compare(other, tmp_path / "out")
@@ -507,7 +516,7 @@ def test_runs_on_different_token_contents_are_refused(tmp_path):
     # the data's folder is where the tokens are, not what they are: another path to the same tokens is fine
     moved = segment(**{"data.dir": "/mnt/other/fineweb"})
     same = pair(tmp_path / "moved", pt_segment=moved, pt_config={"data": {"path": "/mnt/other/fineweb"}})
-    assert len(compare(same, tmp_path / "out")["groups"]) == 2
+    assert len(compare(same, tmp_path / "out", plots=False)["groups"]) == 2
     # test losses on different test-token contents are refused too
     a = make_run(tmp_path / "t", "a", "handrolled_layernorm", 0, 3.6)
     b = make_run(tmp_path / "t", "b", "pytorch_layernorm", 0, 3.6, test_sha256="7" * 64)
@@ -539,7 +548,9 @@ def test_groups_that_differ_in_another_setting_are_refused(tmp_path):
         r"pytorch_layernorm, optim\.lr=0\.002",
     ):
         compare(runs, tmp_path / "out", vary=["optim.lr"])
-    result = compare(runs, tmp_path / "out", vary=["optim.lr"], baseline="handrolled_layernorm, optim.lr=0.002")
+    result = compare(
+        runs, tmp_path / "out", vary=["optim.lr"], baseline="handrolled_layernorm, optim.lr=0.002", plots=False
+    )
     rows = {g["group"]: g for g in result["groups"]}
     assert rows["pytorch_layernorm, optim.lr=0.002"]["vs_baseline"]["diff"] == pytest.approx(-0.035)
     assert result["baseline_rule"] == "--baseline"
@@ -565,7 +576,7 @@ def test_runs_within_a_group_that_differ_are_refused_unless_allowed(tmp_path):
         r"pt-s1, pt-s2\); Tesla V100-SXM2-32GB \(hr-s3\)",
     ):
         compare(runs, tmp_path / "out")
-    result = compare(runs, tmp_path / "out", allow_differ=["hardware"])
+    result = compare(runs, tmp_path / "out", allow_differ=["hardware"], plots=False)
     assert list(result["allowed_to_differ"]) == ["hardware.name"]
     md = (tmp_path / "out" / "comparison.md").read_text()
     assert (
@@ -593,7 +604,7 @@ def test_the_baseline_is_never_an_accident_of_order(tmp_path):
     rms = [make_run(tmp_path, f"rms-s{s}", "pytorch_rmsnorm", s, 3.58 + s / 100) for s in range(2)]
     pt = [make_run(tmp_path, f"pt-s{s}", "pytorch_layernorm", s, 3.57 + s / 100) for s in range(2)]
     for order in (rms + pt, pt + rms):
-        result = compare(order, tmp_path / "out")
+        result = compare(order, tmp_path / "out", plots=False)
         assert result["baseline"] == "pytorch_layernorm"  # first in the write-up's order, whatever the order given
         assert [g["group"] for g in result["groups"]] == ["pytorch_layernorm", "pytorch_rmsnorm"]
     assert (
@@ -602,7 +613,7 @@ def test_the_baseline_is_never_an_accident_of_order(tmp_path):
 
 
 def test_the_report_says_what_every_run_shares(runs, tmp_path):
-    result = compare(runs, tmp_path / "out")
+    result = compare(runs, tmp_path / "out", plots=False)
     assert result["shared"]["train.precision"] == "bf16" and result["shared"]["data.train.sha256"] == "a" * 64
     md = (tmp_path / "out" / "comparison.md").read_text()
     assert "Baseline: the default, handrolled_layernorm, the write-up's baseline." in md
@@ -617,7 +628,7 @@ def test_the_report_says_what_every_run_shares(runs, tmp_path):
         "(10,000,000 tokens); test sha256 999999999999"
     ) in md
     assert "- weight decay 0.1 on every parameter, **norm parameters included**" in md
-    without = compare(runs, tmp_path / "out2", which="best")  # no n_params in these summaries
+    without = compare(runs, tmp_path / "out2", which="best", plots=False)  # no n_params in these summaries
     assert without["shared"]["optim.decay_norms_and_biases"] is True
 
 
@@ -631,7 +642,7 @@ def test_decayed_norm_parameters_per_group(tmp_path):
         make_run(tmp_path, f"{n}-s0", n, 0, 3.6, summary={"n_params": t, "n_params_outside_norms": o})
         for n, (t, o) in counts.items()
     ]
-    compare(runs, tmp_path / "out")
+    compare(runs, tmp_path / "out", plots=False)
     md = (tmp_path / "out" / "comparison.md").read_text()
     assert "decayed norm parameters: handrolled_layernorm 38,400, pytorch_rmsnorm 19,200, no_norm 0" in md
     off = [
@@ -646,7 +657,7 @@ def test_decayed_norm_parameters_per_group(tmp_path):
         )
         for n, (t, o) in counts.items()
     ]
-    compare(off, tmp_path / "out")
+    compare(off, tmp_path / "out", plots=False)
     assert (
         "- weight decay 0.1 on weight matrices only: no norm parameter is decayed"
         in (tmp_path / "out" / "comparison.md").read_text()
@@ -657,7 +668,7 @@ def test_skipped_steps_are_shown_and_flagged(tmp_path):
     runs = pair(tmp_path)
     summary = json.loads((tmp_path / "pt-s2" / "summary.json").read_text())
     (tmp_path / "pt-s2" / "summary.json").write_text(json.dumps({**summary, "nonfinite_steps": 17}))
-    result = compare(runs, tmp_path / "out")
+    result = compare(runs, tmp_path / "out", plots=False)
     rows = {g["group"]: g for g in result["groups"]}
     assert (
         rows["pytorch_layernorm"]["skipped_steps"] == {"2": 17} and rows["handrolled_layernorm"]["skipped_steps"] == {}
@@ -671,7 +682,7 @@ def test_skipped_steps_are_shown_and_flagged(tmp_path):
 def test_runs_without_a_fingerprint_are_compared_on_their_configs_and_named(tmp_path):
     runs = [make_run(tmp_path, f"old-s{s}", "pytorch_layernorm", s, 3.57, segments=None) for s in range(2)]
     runs += [make_run(tmp_path, f"hr-s{s}", "handrolled_layernorm", s, 3.6, segments=None) for s in range(2)]
-    result = compare(runs, tmp_path / "out")
+    result = compare(runs, tmp_path / "out", plots=False)
     assert result["without_fingerprint"] == ["old-s0", "old-s1", "hr-s0", "hr-s1"]
     assert (
         "- no fingerprint (trained before fingerprints were recorded"
@@ -733,16 +744,15 @@ def test_variance_components_match_a_hand_computation():
 def test_variance_component_intervals_cover_at_their_level():
     from gpt.analysis import stats
 
-    rng = np.random.default_rng(7)
-    hits = {"init": 0, "data": 0, "residual": 0}
+    # 1,500 grids of 3 x 4, each drawn as its 3 init effects, 4 data effects and 12 remainders (a row of draws),
+    # through variance_components' vectorised twin (tests/analysis/test_intervals.py: they agree grid by grid)
     truth = {"init": 1.0, "data": 0.25, "residual": 0.5}
     n = 1500
-    for _ in range(n):
-        y = rng.normal(0, 1.0, (3, 1)) + rng.normal(0, 0.5, (1, 4)) + rng.normal(0, math.sqrt(0.5), (3, 4))
-        c = stats.variance_components(y)["components"]
-        for k in hits:
-            hits[k] += c[k]["low"] <= truth[k] <= c[k]["high"]
-    assert all(0.93 <= h / n <= 0.975 for h in hits.values()), hits
+    z = np.random.default_rng(7).standard_normal((n, 19))
+    y = z[:, :3, None] + 0.5 * z[:, None, 3:7] + math.sqrt(0.5) * z[:, 7:].reshape(n, 3, 4)
+    c = stats.variance_components_many(y, draws=0)["components"]  # the shares' intervals: test_intervals.py
+    hits = {k: np.mean((c[k]["low"] <= truth[k]) & (truth[k] <= c[k]["high"])) for k in truth}
+    assert all(0.93 <= h <= 0.975 for h in hits.values()), hits
 
 
 def crossed_by_hand(d):
@@ -784,7 +794,7 @@ def test_compare_analyses_a_crossed_design_with_the_two_way_model(tmp_path):
         for i in range(3)
         for j in range(4)
     ]
-    result = compare(runs, tmp_path / "out", equivalence_margin=0.05)
+    result = compare(runs, tmp_path / "out", equivalence_margin=0.05, plots=False)
     from scipy import stats as st
 
     from gpt.analysis import stats
@@ -843,7 +853,7 @@ def test_compare_analyses_a_crossed_design_with_the_two_way_model(tmp_path):
     (tmp_path / "hr-i2-d3" / "summary.json").write_text(
         json.dumps({"status": "diverged", "diverged_at_step": 9, "segments": [SEGMENT]})
     )
-    broken = compare(runs, tmp_path / "out")["groups"][1]["vs_baseline"]
+    broken = compare(runs, tmp_path / "out", plots=False)["groups"][1]["vs_baseline"]
     assert broken["design"] == "incomplete grid" and broken["missing"] == [(2, 3)] and math.isnan(broken["low"])
     md = (tmp_path / "out" / "comparison.md").read_text()
     assert (
@@ -888,7 +898,7 @@ def test_hellaswag_is_compared_over_seeds_and_item_tests_name_two_checkpoints(tm
             ckpt = path / "checkpoints" / "step-00000100"
             (ckpt / "eval-hellaswag-fp32.json").write_text(json.dumps(hellaswag_result(labels, answers)))
             paths.append(path)
-    result = compare(paths, tmp_path / "out", "pytorch_layernorm")
+    result = compare(paths, tmp_path / "out", "pytorch_layernorm", plots=False)
     rms = next(g for g in result["groups"] if g["group"] == "pytorch_rmsnorm")["tasks"]["hellaswag"]
     t = scipy.stats.t.ppf(0.975, 2)
     p_values = []
@@ -921,7 +931,7 @@ def test_hellaswag_is_compared_over_seeds_and_item_tests_name_two_checkpoints(tm
     assert "family of 6 comparisons" in md and "McNemar" not in md
 
     # one run each: the items say something about these two checkpoints, worded so
-    single = compare([paths[0], paths[3]], tmp_path / "out1", "pytorch_layernorm")
+    single = compare([paths[0], paths[3]], tmp_path / "out1", "pytorch_layernorm", plots=False)
     task = next(g for g in single["groups"] if g["group"] == "pytorch_rmsnorm")["tasks"]["hellaswag"]
     assert task["vs_baseline"]["acc"]["method"] == "paired" and math.isnan(task["vs_baseline"]["acc"]["low"])
     c = task["two_checkpoints"]
@@ -937,7 +947,8 @@ def test_hellaswag_is_compared_over_seeds_and_item_tests_name_two_checkpoints(tm
     assert f"McNemar p = {p:.3g} ({only_a} vs {only_b})" in md and f"| {paths[3]} | {paths[0]} |" in md
 
 
-def test_a_results_table_gives_the_numbers_its_run_folders_give(tmp_path):
+def test_a_results_table_gives_the_numbers_its_run_folders_give(tmp_path, cli, monkeypatch):
+    render_only(monkeypatch)  # which charts a table gets, not their pixels
     from gpt.analysis.results import read_results
 
     y = crossed_losses()
@@ -959,25 +970,13 @@ def test_a_results_table_gives_the_numbers_its_run_folders_give(tmp_path):
         (path / "checkpoints" / "step-00000100" / "eval-hellaswag-fp32.json").write_text(
             json.dumps(hellaswag_result(labels, answers))
         )
-    folders = compare(runs, tmp_path / "from-runs", equivalence_margin=0.02)
+    folders = compare(runs, tmp_path / "from-runs", equivalence_margin=0.02, plots=False)
     table = tmp_path / "from-runs" / "runs.csv"
     header = table.read_text().splitlines()[0]
     assert header == "group,init_seed,data_seed,status,test_loss,hellaswag.acc,hellaswag.acc_norm"
     assert len(read_results(table)) == len(runs)
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "compare.py"),
-            "--results",
-            str(table),
-            "--out",
-            str(tmp_path / "t"),
-            "--equivalence-margin",
-            "0.02",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    out = cli(
+        ROOT / "scripts" / "compare.py", "--results", table, "--out", tmp_path / "t", "--equivalence-margin", "0.02"
     )
     assert out.returncode == 0, out.stderr
     from_table = json.loads((tmp_path / "t" / "comparison.json").read_text())
@@ -1031,19 +1030,19 @@ def test_a_bad_results_table_is_one_line(tmp_path, text, message):
     assert not (tmp_path / "out").exists()
 
 
-def test_results_and_run_folders_do_not_mix(tmp_path):
+def test_results_and_run_folders_do_not_mix(tmp_path, cli):
     (tmp_path / "x.csv").write_text("group,init_seed,data_seed,test_loss\na,0,0,3\n")
     run = make_run(tmp_path, "a", "dyt", 0, 3.7)
     with pytest.raises(UserError, match="give run directories or --results FILE.csv, not both"):
         compare([run], tmp_path / "out", results=tmp_path / "x.csv")
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "compare.py")], capture_output=True, text=True)
+    out = cli(ROOT / "scripts" / "compare.py")
     assert out.returncode == 2 and "give the run directories to compare, or --results FILE.csv" in out.stderr
 
 
 def test_commits_and_uncommitted_changes_are_said_when_runs_differ_in_them(tmp_path):
     other = segment(**{"code.commit": "e" * 40})  # the same source from another commit
     runs = pair(tmp_path, pt_segment=other)
-    compare(runs, tmp_path / "out")
+    compare(runs, tmp_path / "out", plots=False)
     md = (tmp_path / "out" / "comparison.md").read_text()
     assert (
         "- code: gpt-norm-harness 0.1.0, commits dddddddddd (hr-s0, hr-s1, hr-s2); eeeeeeeeee (pt-s0, pt-s1, pt-s2) "
@@ -1051,7 +1050,7 @@ def test_commits_and_uncommitted_changes_are_said_when_runs_differ_in_them(tmp_p
     )
     assert "not a git checkout" not in md
     dirty = pair(tmp_path / "dirty", pt_segment=segment(**{"code.dirty": True}))
-    compare(dirty, tmp_path / "out")
+    compare(dirty, tmp_path / "out", plots=False)
     assert (
         "commit dddddddddd; uncommitted changes in pt-s0, pt-s1, pt-s2; source sha256"
         in (tmp_path / "out" / "comparison.md").read_text()
@@ -1060,7 +1059,7 @@ def test_commits_and_uncommitted_changes_are_said_when_runs_differ_in_them(tmp_p
 
 def test_log_every_is_compared_where_a_loss_ceiling_decides_divergence(tmp_path):
     logged = pair(tmp_path, pt_config={"log": {"log_every": 1}})
-    assert len(compare(logged, tmp_path / "out")["groups"]) == 2  # no ceiling: logging changes nothing
+    assert len(compare(logged, tmp_path / "out", plots=False)["groups"]) == 2  # no ceiling: logging changes nothing
     ceiling = {"train": {"loss_ceiling": 12.0}}
     runs = pair(tmp_path / "c", hr_config=ceiling, pt_config={"log": {"log_every": 1}, "train": {"loss_ceiling": 12.0}})
     with pytest.raises(UserError, match=r"log\.log_every: 10 \(hr-s0, hr-s1, hr-s2\); 1 \(pt-s0, pt-s1, pt-s2\)"):

@@ -510,11 +510,12 @@ def test_the_checks_catch_a_write_that_bypasses_the_atomic_writer(tmp_path):
 
 
 def test_the_tests_are_laid_out_like_the_package():
-    # a change's tests sit where its code does: tests/<wing>/, and the cross-cutting suites in tests/behaviour/
+    # a change's tests sit where its code does: tests/<wing>/, the cross-cutting suites in tests/behaviour/,
+    # and what measures the suite itself (coverage, mutations) in tests/quality/
     tests = ROOT / "tests"
     folders = {p.name for p in tests.iterdir() if p.is_dir() and p.name not in ("__pycache__", "fixtures")}
-    assert folders <= {*WINGS, "behaviour"}, (
-        f"test folders that are not wings: {sorted(folders - {*WINGS, 'behaviour'})}"
+    assert folders <= {*WINGS, "behaviour", "quality"}, (
+        f"test folders that are not wings: {sorted(folders - {*WINGS, 'behaviour', 'quality'})}"
     )
     assert sorted(p.name for p in tests.glob("test_*.py")) == [], "a test file belongs in its wing's folder"
     names = [p.name for p in tests.glob("*/test_*.py")]

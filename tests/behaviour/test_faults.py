@@ -63,10 +63,10 @@ def same_weights(a, b):
 
 
 @pytest.fixture
-def finished(train_yaml, tmp_path):
-    """A completed 20-step run (checkpoints at 10 and 20) and its config."""
-    train(load_config(train_yaml("done")))
-    return tmp_path / "done"
+def finished(tiny_run_copy):
+    """A completed 20-step run (checkpoints at 10 and 20) at tmp_path/done, where train_yaml("done") trains: the
+    session's tiny run, copied."""
+    return tiny_run_copy("done")
 
 
 def rewind_to_step_10(run_dir):
@@ -143,11 +143,11 @@ def test_a_second_trainer_between_the_holders_lock_and_its_pid_still_names_it(tm
 
 
 @pytest.mark.parametrize("name", ["", ".", "..", "../x", "a/b"])
-def test_a_run_name_is_one_folder_name(train_yaml, tmp_path, name):
+def test_a_run_name_is_one_folder_name(train_yaml, tmp_path, cli, name):
     runs = tmp_path / "runs"
     (runs / "other").mkdir(parents=True)
     (runs / "other" / "metrics.jsonl").write_text("{}\n")
-    out = run_cli(
+    out = cli(
         ROOT / "train.py",
         train_yaml(),
         "--set",
@@ -272,19 +272,19 @@ def test_resume_auto_falls_back_past_a_damaged_checkpoint(finished, train_yaml, 
     assert {p: b for p, b in files_of(ckpts).items() if p.parts[0] == "step-00000010"} == untouched
 
 
-def test_explicit_resume_of_a_damaged_checkpoint_is_one_line(finished, train_yaml, tmp_path):
+def test_explicit_resume_of_a_damaged_checkpoint_is_one_line(finished, train_yaml, tmp_path, cli):
     target = finished / "checkpoints" / "step-00000020"
     data = (target / "model.safetensors").read_bytes()
     (target / "model.safetensors").write_bytes(data[:-100])
     before = files_of(finished)
-    out = run_cli(ROOT / "train.py", train_yaml("done"), "--resume", target, "--set", f"run.dir={tmp_path / 'new'}")
+    out = cli(ROOT / "train.py", train_yaml("done"), "--resume", target, "--set", f"run.dir={tmp_path / 'new'}")
     one_line_error(
         out,
         f"{target}: cannot resume from it: model.safetensors is truncated (",
         "choose another checkpoint (--resume auto takes the newest one that loads)",
     )
     assert files_of(finished) == before and not (tmp_path / "new").exists()
-    out = run_cli(ROOT / "evaluate.py", target, "--quiet")  # loading it for evaluation: one line too
+    out = cli(ROOT / "evaluate.py", target, "--quiet")  # loading it for evaluation: one line too
     one_line_error(out, f"{target / 'model.safetensors'}: cannot load (")
 
 
@@ -329,7 +329,7 @@ def limit_file_size(limit):
 
 
 @pytest.mark.slow
-def test_a_checkpoint_that_cannot_be_written_stops_cleanly(train_yaml, tmp_path):
+def test_a_checkpoint_that_cannot_be_written_stops_cleanly(train_yaml, tmp_path, tiny_run_copy):
     cfg = train_yaml("limited")  # its model.safetensors is about 170 KB; every other file of the run is smaller
     out = run_cli(ROOT / "train.py", cfg, preexec_fn=limit_file_size(100_000))
     assert out.returncode == 4 and "Traceback" not in out.stderr, out.stderr
@@ -340,8 +340,9 @@ def test_a_checkpoint_that_cannot_be_written_stops_cleanly(train_yaml, tmp_path)
     assert list(ckpts.iterdir()) == []  # the half-written temporary folder is gone
     # with a good checkpoint behind it: the message names it, and it stays as it was
     shutil.rmtree(tmp_path / "limited")
-    assert train(load_config(cfg))["status"] == "completed"  # no limit here: in this process
-    rewind_to_step_10(tmp_path / "limited")
+    completed = tiny_run_copy("limited")  # the same config's run, trained with no limit (in this process)
+    assert json.loads((completed / "summary.json").read_text())["status"] == "completed"
+    rewind_to_step_10(completed)
     before = files_of(ckpts)
     out = run_cli(ROOT / "train.py", cfg, "--resume", "auto", preexec_fn=limit_file_size(100_000))
     assert out.returncode == 4 and "Traceback" not in out.stderr, out.stderr
@@ -351,12 +352,12 @@ def test_a_checkpoint_that_cannot_be_written_stops_cleanly(train_yaml, tmp_path)
 
 
 def test_a_refused_write_names_the_reason(train_yaml, tmp_path, monkeypatch, capsys):
-    from gpt.run import checkpoints as checkpoint
+    import safetensors.torch  # gpt.run.checkpoints imports save_model from it when it saves
 
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(checkpoint, "save_model", refuse)
+    monkeypatch.setattr(safetensors.torch, "save_model", refuse)
     summary = train(load_config(train_yaml()))
     assert summary["status"] == "interrupted" and summary["steps"] == 10
     assert summary["stop_reason"].startswith("cannot write checkpoint step-00000010 in ")
@@ -401,18 +402,7 @@ def test_token_ids_beyond_the_vocabulary(train_yaml, tmp_path):
         train(load_config(train_yaml(), [f"data.path={data}", "train.steps=70"]))
 
 
-def command(capsys, main, *args):
-    """A command's main() in this process (its CLI without the interpreter's start-up)."""
-    code = main([str(a) for a in args])
-    err = capsys.readouterr().err
-    return subprocess.CompletedProcess(args, code, "", err)
-
-
-def test_malformed_files_are_one_line(train_yaml, tmp_path, token_set, finished, capsys):
-    from gpt.commands.compare import main as compare
-    from gpt.commands.evaluate import main as evaluate
-    from gpt.commands.train import main as train_cli
-
+def test_malformed_files_are_one_line(train_yaml, tmp_path, token_set, finished, cli):
     data = tmp_path / "data"
     shutil.copytree(token_set, data)
     for meta, said in (
@@ -421,35 +411,34 @@ def test_malformed_files_are_one_line(train_yaml, tmp_path, token_set, finished,
         ("{not json", "not valid JSON"),
     ):
         (data / "meta.json").write_text(meta if isinstance(meta, str) else json.dumps(meta))
-        one_line_error(command(capsys, train_cli, train_yaml("m"), "--set", f"data.path={data}"), said)
+        one_line_error(cli("train", train_yaml("m"), "--set", f"data.path={data}"), said)
     utf16 = tmp_path / "utf16.yaml"
     utf16.write_bytes(train_yaml("u").read_text().encode("utf-16"))
-    one_line_error(command(capsys, train_cli, utf16), f"{utf16}: not UTF-8 text (byte 0:")
+    one_line_error(cli("train", utf16), f"{utf16}: not UTF-8 text (byte 0:")
     binary = tmp_path / "binary.yaml"
     binary.write_bytes(bytes(range(256)))
-    one_line_error(command(capsys, train_cli, binary), f"{binary}: not UTF-8 text")
-    with pytest.raises(SystemExit) as exit_:  # argparse's own usage line and error
-        evaluate([str(finished), "--batch-size=-1"])
-    assert exit_.value.code == 2
-    assert "argument --batch-size: '-1' is not a positive whole number" in capsys.readouterr().err
+    one_line_error(cli("train", binary), f"{binary}: not UTF-8 text")
+    out = cli("evaluate", finished, "--batch-size=-1")  # argparse's own usage line and error
+    assert out.returncode == 2
+    assert "argument --batch-size: '-1' is not a positive whole number" in out.stderr
     # files that evaluate.py and compare.py read, garbled
-    assert command(capsys, evaluate, finished, "--quiet").returncode == 0
+    assert cli("evaluate", finished, "--quiet").returncode == 0
     ckpt = finished / "checkpoints" / "step-00000020"
     before = files_of(finished)
     for path, what, args in (
-        (finished / "summary.json", "summary", (evaluate, finished, "--quiet")),
-        (finished / "summary.json", "summary", (compare, finished, "--out", tmp_path / "c")),
-        (ckpt / "eval-test-fp32.json", "evaluation result", (compare, finished, "--out", tmp_path / "c")),
-        (finished / "config.yaml", "config", (compare, finished, "--out", tmp_path / "c")),
+        (finished / "summary.json", "summary", ("evaluate", finished, "--quiet")),
+        (finished / "summary.json", "summary", ("compare", finished, "--out", tmp_path / "c")),
+        (ckpt / "eval-test-fp32.json", "evaluation result", ("compare", finished, "--out", tmp_path / "c")),
+        (finished / "config.yaml", "config", ("compare", finished, "--out", tmp_path / "c")),
     ):
         original = path.read_bytes()
         path.write_bytes(b"\x00garbled: [")
-        one_line_error(command(capsys, *args), f"{path}: damaged {what}")
+        one_line_error(cli(*args), f"{path}: damaged {what}")
         path.write_bytes(original)
     assert files_of(finished) == before
-    # and from the command line, with the interpreter's own start-up: still one line
+    # and through train.py, the front door
     (data / "meta.json").write_text("[]")
-    one_line_error(run_cli(ROOT / "train.py", train_yaml("m"), "--set", f"data.path={data}"), "a JSON list")
+    one_line_error(cli(ROOT / "train.py", train_yaml("m"), "--set", f"data.path={data}"), "a JSON list")
 
 
 def test_preparation_faults_name_the_real_cause(tmp_path, capsys):

@@ -8,14 +8,13 @@ no traceback, every file that was there before byte-identical, and nothing half-
 import errno
 import json
 import os
-import shutil
 import subprocess
 import tempfile
 
 import pytest
 from analysis.test_compare import make_run
 from conftest import ROOT
-from test_faults import command, files_of, limit_file_size, one_line_error, run_cli
+from test_faults import files_of, limit_file_size, one_line_error, run_cli
 
 from gpt.common.files import HOST, WriteError, replacing, replacing_folder, write_atomically
 from gpt.config import load_config
@@ -112,10 +111,8 @@ def test_a_killed_writers_temporary_files_are_removed_by_the_next_write(tmp_path
 
 
 @pytest.mark.slow
-def test_a_failed_rewrite_never_destroys_an_evaluation_result(train_yaml, tmp_path):
-    cfg = train_yaml("evaluated")
-    assert train(load_config(cfg))["status"] == "completed"
-    run = tmp_path / "evaluated"
+def test_a_failed_rewrite_never_destroys_an_evaluation_result(tiny_run_copy, tmp_path):
+    run = tiny_run_copy("evaluated")
     ckpt = run / "checkpoints" / "step-00000020"
     args = [ROOT / "evaluate.py", run, "--offset", "0", "--tokens", "8192", "--quiet"]
     first = run_cli(*args, "--json", tmp_path / "all.json")
@@ -140,12 +137,10 @@ def test_a_failed_rewrite_never_destroys_an_evaluation_result(train_yaml, tmp_pa
     assert leftovers(tmp_path) == []
 
 
-def test_evaluation_on_a_full_disk_keeps_nothing_half_written(train_yaml, tmp_path, disk, capsys):
+def test_evaluation_on_a_full_disk_keeps_nothing_half_written(tiny_run_copy, disk, capsys):
     from gpt.commands.evaluate import main as evaluate
 
-    assert train(load_config(train_yaml("full")))["status"] == "completed"
-    run = disk.path / "full"
-    shutil.copytree(tmp_path / "full", run)
+    run = tiny_run_copy("full", where=disk.path)
     ckpt = run / "checkpoints" / "step-00000020"
     assert evaluate([str(run), "--quiet", "--offset", "0", "--tokens", "4096"]) == 0
     capsys.readouterr()
@@ -212,7 +207,7 @@ def test_a_comparison_on_a_full_disk_leaves_the_earlier_one_as_it_was(tmp_path, 
 
 
 def test_benchmark_rows_on_a_full_disk_keep_the_rows_before(disk):
-    from gpt.commands.bench import append_to
+    from gpt.speed.rows import append_to
 
     rows = disk.path / "rows.jsonl"
     emit = append_to(rows)
@@ -225,17 +220,17 @@ def test_benchmark_rows_on_a_full_disk_keep_the_rows_before(disk):
     assert rows.read_bytes() == before and leftovers(disk.path) == []
 
 
-def test_publishing_from_a_full_disk_is_one_line(train_yaml, tmp_path, disk, capsys, monkeypatch):
+def test_publishing_from_a_full_disk_is_one_line(tiny_run_copy, disk, capsys, monkeypatch):
     from gpt.commands.push_to_hub import main as push
 
-    assert train(load_config(train_yaml("pub")))["status"] == "completed"
+    run = tiny_run_copy("pub")
     disk.fill()
     monkeypatch.setattr(tempfile, "tempdir", str(disk.path))  # the export's temporary folder, on the full disk
-    before = files_of(tmp_path / "pub")
-    assert push([str(tmp_path / "pub"), "--repo", "user/pub"]) == 2
+    before = files_of(run)
+    assert push([str(run), "--repo", "user/pub"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"error: cannot write {disk.path}/gpt-hub-") and NO_SPACE in err
-    assert files_of(tmp_path / "pub") == before and not list(disk.path.glob("gpt-hub-*"))
+    assert files_of(run) == before and not list(disk.path.glob("gpt-hub-*"))
 
 
 def test_a_training_run_on_a_full_disk_keeps_its_last_checkpoint(train_yaml, tmp_path, disk, capsys):
@@ -271,11 +266,9 @@ def test_a_training_run_on_a_full_disk_keeps_its_last_checkpoint(train_yaml, tmp
     assert leftovers(run) == []
 
 
-def test_the_run_folder_on_a_full_disk_at_the_start_is_one_line(train_yaml, disk, capsys):
-    from gpt.commands.train import main as train_cli
-
+def test_the_run_folder_on_a_full_disk_at_the_start_is_one_line(train_yaml, disk, cli):
     cfg = train_yaml("nospace")
     cfg.write_text(cfg.read_text().replace(f"dir: {cfg.parent / 'nospace'}", f"dir: {disk.path / 'nospace'}"))
     disk.fill()
-    one_line_error(command(capsys, train_cli, cfg), f"{disk.path / 'nospace'}", NO_SPACE)
+    one_line_error(cli("train", cfg), f"{disk.path / 'nospace'}", NO_SPACE)
     assert sorted(p.name for p in disk.path.iterdir()) == ["filler"]  # no run folder, no lock, no temporary file

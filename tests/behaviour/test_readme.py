@@ -21,6 +21,7 @@ README_LIMIT = 250  # lines: a newcomer reads it in five minutes; the rest lives
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 FRONT_DOOR = re.compile(r"^(train|evaluate|scripts/\w+)\.py$")
+TOOLS = {"tests/quality/measure.py": "quality.measure"}  # the suite's own tools a docs page runs: parsed by their main
 PATH = re.compile(r"(?<![\w/.-])((?:gpt|scripts|configs|tests|docs)/[\w./<>*-]*[\w>*])")
 # Programs a docs command may run whose arguments no parser of ours checks: each named here on purpose.
 UNPARSED = {".venv/bin/ruff", "pip"}
@@ -75,13 +76,14 @@ class Parsed(BaseException):
 
 
 def parse(module: str, argv: list[str], monkeypatch) -> argparse.Namespace:
-    """``argv`` parsed by command ``module``'s own ``main``, stopped right after parsing."""
+    """``argv`` parsed by command ``module``'s own ``main`` (a module of ``gpt.commands``, or a full name),
+    stopped right after parsing."""
     original = argparse.ArgumentParser.parse_args
 
     def parse_and_stop(self, args=None, namespace=None):
         raise Parsed(original(self, args, namespace))
 
-    main = importlib.import_module(f"gpt.commands.{module}").main
+    main = importlib.import_module(module if "." in module else f"gpt.commands.{module}").main
     with monkeypatch.context() as m:
         m.setattr(argparse.ArgumentParser, "parse_args", parse_and_stop)
         try:
@@ -99,6 +101,9 @@ def check_command(words: list[str], monkeypatch) -> argparse.Namespace | None:
         if word.startswith("configs/"):
             assert (ROOT / word).is_file(), f"{shlex.join(words)}: no {word}"
     program = words[0]
+    tool = next((w for w in words if w in TOOLS), None)
+    if Path(program).name == "python" and tool is not None:
+        return parse(TOOLS[tool], words[words.index(tool) + 1 :], monkeypatch)
     if program in ("bash", "sbatch"):
         assert (ROOT / words[1]).is_file(), f"{shlex.join(words)}: no {words[1]}"
         return None
@@ -181,11 +186,13 @@ def test_ci_runs_the_readme_test_command_and_then_the_slow_tests():
     pytest_args = test_command[test_command.index("pytest") + 1 :]
     assert pytest_args == ["-m", "not slow"]
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
-    runs = [shlex.split(line) for line in ci if "pytest" in line]
-    assert runs == [
+    runs = [shlex.split(line) for line in ci if "-m pytest" in line]
+    assert runs == [  # the slow tier in two parts that together are all of it, and nothing run twice
         [".venv/bin/python", "-m", "pytest", *pytest_args],
-        [".venv/bin/python", "-m", "pytest", "-m", "slow"],
+        [".venv/bin/python", "-m", "pytest", "-m", "slow and not serial", "-n", "2"],
+        [".venv/bin/python", "-m", "pytest", "-m", "slow and serial"],
     ]
+    assert 'export PYTEST_ADDOPTS="--durations=15"' in ci and "bash scripts/setup.sh --full" in ci
     lint = [shlex.join(c) for block in bash_blocks(README.read_text()) for c in commands(block) if "ruff" in c[0]]
     assert lint == [".venv/bin/ruff check .", ".venv/bin/ruff format --check ."] and all(c in ci for c in lint)
 
@@ -220,10 +227,15 @@ def test_the_cell_by_hand_is_the_sweeps_own_cell(monkeypatch):
 
 @pytest.fixture(scope="module")
 def gpt2_small():
+    """GPT-2 small's shapes, on the meta device: what is counted here reads no weight, and drawing 163M takes
+    seconds."""
+    import torch
+
     from gpt.model.gpt import GPT
 
     cfg = load_config(CONFIGS / "gpt2-small.yaml")
-    return cfg, GPT(cfg.model)
+    with torch.device("meta"):
+        return cfg, GPT(cfg.model, seed=None)
 
 
 def test_the_cost_table_is_the_benchmark_formula(gpt2_small):

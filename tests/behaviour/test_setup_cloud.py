@@ -3,6 +3,7 @@ also with a stand-in nvidia-smi for the torch build each driver gets, and withou
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -71,14 +72,45 @@ def bare_path(tmp_path) -> str:
     return str(bare)
 
 
-def setup_cloud(*args, path, **env):
+# The checkout's .venv/bin/python in a copy of the scripts: this interpreter, but scripts/setup.sh's torch probe
+# (an import of torch, ~2 s, in every dry run) runs once, in this interpreter, and its answer is replayed
+PYTHON = """#!/bin/bash
+case "${{2:-}}" in
+    *torch.cuda.is_available*) [ -s {answer} ] || {python} "$@" >{answer}; cat {answer} ;;
+    *) exec {python} "$@" ;;
+esac
+"""
+
+
+@pytest.fixture(scope="module")
+def probe_answer(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("probe") / "answer"
+
+
+@pytest.fixture
+def checkout(tmp_path, probe_answer) -> Path:
+    """setup_cloud.sh and the scripts it runs, copied as they are, beside a .venv whose python replays the torch
+    probe's answer (and whose .torch-from marker is this test's own)."""
+    copy = tmp_path / "checkout"
+    (copy / "scripts").mkdir(parents=True)
+    shutil.copy(ROOT / "setup_cloud.sh", copy)
+    for script in ("setup.sh", "torch_plan.sh"):
+        shutil.copy(ROOT / "scripts" / script, copy / "scripts")
+    python = copy / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(PYTHON.format(answer=shlex.quote(str(probe_answer)), python=shlex.quote(sys.executable)))
+    python.chmod(0o755)
+    return copy
+
+
+def setup_cloud(checkout, *args, path, **env):
     environment = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_") and k != "CC"}
     return subprocess.run(
-        ["bash", str(ROOT / "setup_cloud.sh"), *args],
+        ["bash", str(checkout / "setup_cloud.sh"), *args],
         capture_output=True,
         text=True,
         env={**environment, "PATH": path, **env},
-        cwd=ROOT,
+        cwd=checkout,
     )
 
 
@@ -98,8 +130,9 @@ def test_shell_scripts_pass_shellcheck():
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-def test_dry_run_without_a_gpu_prints_the_cpu_path_and_no_token():
+def test_dry_run_without_a_gpu_prints_the_cpu_path_and_no_token(checkout):
     out = setup_cloud(
+        checkout,
         "--dry-run",
         "--data",
         "fineweb-edu",
@@ -127,8 +160,8 @@ def test_dry_run_without_a_gpu_prints_the_cpu_path_and_no_token():
 
 
 @pytest.mark.parametrize("gpu", [g for g in PLANS if g], ids=lambda g: g[0])
-def test_the_dry_run_shows_the_torch_build_for_the_driver_and_the_gpu_preflight(tmp_path, gpu):
-    out = setup_cloud("--dry-run", path=gpu_path(tmp_path, gpu))
+def test_the_dry_run_shows_the_torch_build_for_the_driver_and_the_gpu_preflight(tmp_path, checkout, gpu):
+    out = setup_cloud(checkout, "--dry-run", path=gpu_path(tmp_path, gpu))
     assert out.returncode == 0, out.stderr
     driver, cuda = gpu
     if torch.cuda.is_available():  # a real GPU that this torch sees: it is kept
@@ -160,20 +193,16 @@ def test_the_dry_run_shows_the_torch_build_for_the_driver_and_the_gpu_preflight(
     ]
 
 
-def test_a_build_this_plan_installed_is_not_installed_again_but_one_from_before_the_driver_is(tmp_path):
+def test_a_build_this_plan_installed_is_not_installed_again_but_one_from_before_the_driver_is(tmp_path, checkout):
     # .venv/.torch-from names the plan's build and the driver it was for: a rerun on the same driver keeps the
     # build (the check after it says why it is blind); a torch a driverless setup installed (CI's) is replaced
-    marker = ROOT / ".venv" / ".torch-from"
-    before = marker.read_bytes() if marker.exists() else None
+    marker = checkout / ".venv" / ".torch-from"
     path = gpu_path(tmp_path, ("535.129.03", "12.2"))
-    try:
-        outcomes = []
-        for written in (f"torch==2.13.0 --index-url {CU126} for driver 535.129.03", "torch==2.13.0 for driver none"):
-            marker.write_text(written + "\n")
-            out = setup_cloud("--dry-run", path=path)
-            outcomes.append([line for line in out.stdout.splitlines() if line.startswith("setup: ")][1])
-    finally:
-        marker.unlink() if before is None else marker.write_bytes(before)
+    outcomes = []
+    for written in (f"torch==2.13.0 --index-url {CU126} for driver 535.129.03", "torch==2.13.0 for driver none"):
+        marker.write_text(written + "\n")
+        out = setup_cloud(checkout, "--dry-run", path=path)
+        outcomes.append([line for line in out.stdout.splitlines() if line.startswith("setup: ")][1])
     if torch.cuda.is_available():  # a torch that sees a GPU is kept, whatever the marker says
         assert outcomes == [f"setup: keeping {BUILD}, which sees the GPU"] * 2
         return
@@ -242,15 +271,15 @@ def test_the_plan_follows_the_overrides_and_the_gpu(tmp_path, gpu, env, plan):
         ),
     ],
 )
-def test_a_driver_no_build_runs_on_is_one_line_before_anything_is_done(tmp_path, gpu, error):
+def test_a_driver_no_build_runs_on_is_one_line_before_anything_is_done(tmp_path, checkout, gpu, error):
     assert torch_plan(tmp_path, gpu).stderr == error + "\n"
-    out = setup_cloud("--dry-run", path=gpu_path(tmp_path, gpu))
+    out = setup_cloud(checkout, "--dry-run", path=gpu_path(tmp_path, gpu))
     assert out.returncode == 1 and out.stderr == f"setup_cloud: {error}\n"
     assert "preflight" not in out.stdout and "would run" not in out.stdout
 
 
-def test_the_preflight_installs_what_a_bare_vm_lacks(tmp_path):
-    out = setup_cloud("--dry-run", path=bare_path(tmp_path))  # python3 and its headers are there, gcc is not
+def test_the_preflight_installs_what_a_bare_vm_lacks(tmp_path, checkout):
+    out = setup_cloud(checkout, "--dry-run", path=bare_path(tmp_path))  # python3 and its headers are there, gcc is not
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[1:5] == [
@@ -261,13 +290,13 @@ def test_the_preflight_installs_what_a_bare_vm_lacks(tmp_path):
     ]
 
 
-def test_the_preflight_without_root_names_the_packages_in_one_line(tmp_path):
+def test_the_preflight_without_root_names_the_packages_in_one_line(tmp_path, checkout):
     bare = Path(bare_path(tmp_path))
     for name in ("id", "sudo"):  # a user who is not root and has no sudo
         (bare / name).unlink(missing_ok=True)
     (bare / "id").write_text("#!/bin/sh\necho 1000\n")
     (bare / "id").chmod(0o755)
-    out = setup_cloud("--dry-run", path=str(bare))
+    out = setup_cloud(checkout, "--dry-run", path=str(bare))
     assert out.returncode == 0 and "apt-get" not in out.stdout  # a dry run goes on; a real one stops there
     assert out.stderr == (
         "setup_cloud: missing a C compiler (no gcc or clang): install build-essential as root "
@@ -275,18 +304,10 @@ def test_the_preflight_without_root_names_the_packages_in_one_line(tmp_path):
     )
 
 
-def test_the_gpu_preflight_says_in_one_line_what_a_cpu_build_lacks():
-    command = [
-        sys.executable,
-        str(ROOT / "scripts" / "preflight.py"),
-        "--driver",
-        "535.129.03",
-        "--driver-cuda",
-        "12.2",
-    ]
-    out = subprocess.run(command, capture_output=True, text=True)
+def test_the_gpu_preflight_says_in_one_line_what_a_cpu_build_lacks(cli):
     if torch.cuda.is_available():
         pytest.skip("this torch sees a GPU")
+    out = cli(ROOT / "scripts" / "preflight.py", "--driver", "535.129.03", "--driver-cuda", "12.2")
     assert (out.returncode, out.stdout) == (1, "")
     assert out.stderr == (
         f"preflight: torch {torch.__version__} is a CPU build (torch.version.cuda None), on NVIDIA driver 535.129.03 "
@@ -315,12 +336,12 @@ def test_the_gpu_preflight_compiles_and_all_reduces_on_the_cpu(tmp_path):
     )
 
 
-def test_a_wrong_argument_is_one_line():
-    out = setup_cloud("--data", "nonsense", "--dry-run", path="/usr/bin:/bin")
+def test_a_wrong_argument_is_one_line(checkout):
+    out = setup_cloud(checkout, "--data", "nonsense", "--dry-run", path="/usr/bin:/bin")
     assert out.returncode == 2 and out.stdout == ""  # before anything is done
     assert out.stderr == "setup_cloud: --data nonsense: use fineweb-edu, fineweb, or a Hub repo USER/NAME\n"
     out = subprocess.run(["bash", str(ROOT / "scripts" / "setup.sh"), "--nonsense"], capture_output=True, text=True)
-    assert (out.returncode, out.stderr) == (2, "setup: unknown argument --nonsense (allowed: --dry-run)\n")
+    assert (out.returncode, out.stderr) == (2, "setup: unknown argument --nonsense (allowed: --full, --dry-run)\n")
 
 
 @pytest.mark.parametrize("script", ["setup_cloud.sh", "scripts/setup.sh"])

@@ -17,7 +17,7 @@ import time
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, write_train_yaml
 from hubserver import HubServer
 from safetensors.torch import load_file
 
@@ -90,16 +90,17 @@ def long_yaml(train_yaml, tmp_path, name, steps=40, checkpoint_every=1000, log_e
     return path
 
 
-@pytest.fixture
-def reference(train_yaml, tmp_path):
-    """The uninterrupted 40-step run every stopped run must end up equal to."""
-
-    def make(**kw):
-        out = run_cli(ROOT / "train.py", long_yaml(train_yaml, tmp_path, "ref", **kw))
-        assert out.returncode == 0, out.stderr
-        return tmp_path / "ref"
-
-    return make
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, token_set):
+    """The uninterrupted 40-step run every stopped run must end up equal to, trained once a module in a fresh
+    process, as the stopped runs are (the same thread count). Read it, never change it. It checkpoints every 10
+    steps (a test starts from its step 10): where a run checkpoints changes nothing it computes, so it is the
+    reference of runs that checkpoint elsewhere, or only when stopped."""
+    folder = tmp_path_factory.mktemp("reference")
+    yaml = long_yaml(lambda name: write_train_yaml(folder, token_set, name), folder, "ref", checkpoint_every=10)
+    out = run_cli(ROOT / "train.py", yaml)
+    assert out.returncode == 0, out.stderr
+    return folder / "ref"
 
 
 # ----------------------------------------------------------------------------- signals
@@ -107,7 +108,7 @@ def reference(train_yaml, tmp_path):
 
 @pytest.mark.slow
 def test_two_sigints_stop_cleanly_and_the_resume_ends_equal(train_yaml, tmp_path, reference):
-    ref = reference()
+    ref = reference
     yaml = long_yaml(train_yaml, tmp_path, "stop")
     proc = start_train(yaml)
     wait_for(lambda: logged(tmp_path / "stop") >= 3)
@@ -132,10 +133,9 @@ def test_two_sigints_stop_cleanly_and_the_resume_ends_equal(train_yaml, tmp_path
 def test_a_third_signal_stops_at_once_in_one_line(train_yaml, tmp_path, reference):
     # a resumed run held at its start by a wandb server that never answers (60 s allowed): three Ctrl-Cs,
     # 0.3 s apart, and the third ends it there and then
-    ref = reference()
+    ref = reference
     yaml = long_yaml(train_yaml, tmp_path, "stop3")
-    assert run_cli(ROOT / "train.py", yaml, "--set", "train.checkpoint_every=10").returncode == 0
-    run = tmp_path / "stop3"
+    run = shutil.copytree(ref, tmp_path / "stop3")  # the reference, as a kill after its step 10 leaves it
     rewind_to(run, "step-00000010")
     server = silent_server()
     env = {k: v for k, v in ENV.items() if k != "WANDB_MODE"}
@@ -197,7 +197,7 @@ def rewind_to(run, step_name):
 
 @pytest.mark.slow
 def test_kill_9_at_a_random_moment_and_resume_logs_what_an_uninterrupted_run_logs(train_yaml, tmp_path, reference):
-    ref = reference(checkpoint_every=7)
+    ref = reference
     yaml = long_yaml(train_yaml, tmp_path, "killed", checkpoint_every=7)
     proc = start_train(yaml)
     run = tmp_path / "killed"
@@ -234,11 +234,11 @@ def files_of(folder):
     return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_a_run_folder_that_cannot_be_written_is_one_line(train_yaml, tmp_path):
+def test_a_run_folder_that_cannot_be_written_is_one_line(train_yaml, tmp_path, cli):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     yaml = train_yaml()
-    out = run_cli(ROOT / "train.py", yaml, "--set", f"run.dir={blocker / 'run'}")
+    out = cli(ROOT / "train.py", yaml, "--set", f"run.dir={blocker / 'run'}")
     one_line_error(out, f"cannot write the run directory {blocker / 'run'}: Not a directory")
     assert blocker.read_text() == "not a folder" and not (tmp_path / "run").exists()
     # an existing run whose lock cannot be opened for writing (a read-only file system does this)
@@ -247,7 +247,7 @@ def test_a_run_folder_that_cannot_be_written_is_one_line(train_yaml, tmp_path):
     (run / ".lock").unlink()
     (run / ".lock").mkdir()
     before = files_of(run)
-    out = run_cli(
+    out = cli(
         ROOT / "train.py", yaml, "--set", "train.steps=4", "--set", "train.checkpoint_every=2", "--resume", "auto"
     )
     one_line_error(out, f"cannot write the run directory {run}: Is a directory")
@@ -255,7 +255,7 @@ def test_a_run_folder_that_cannot_be_written_is_one_line(train_yaml, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_read_only_run_refuses_training_and_still_evaluates(train_yaml, tmp_path):
+def test_a_read_only_run_refuses_training_and_still_evaluates(train_yaml, tmp_path, cli):
     yaml = train_yaml()
     train(load_config(yaml, ["train.steps=4", "train.checkpoint_every=2"]))
     run = tmp_path / "run"
@@ -269,7 +269,7 @@ def test_a_read_only_run_refuses_training_and_still_evaluates(train_yaml, tmp_pa
             (final / "eval-test-fp32.json").mkdir()
         before = files_of(run)
         if made_immutable:
-            out = run_cli(
+            out = cli(
                 ROOT / "train.py",
                 yaml,
                 "--set",
@@ -280,7 +280,7 @@ def test_a_read_only_run_refuses_training_and_still_evaluates(train_yaml, tmp_pa
                 "auto",
             )
             one_line_error(out, f"cannot write the run directory {run}: Operation not permitted")
-        out = run_cli(ROOT / "evaluate.py", run, "--quiet", "--json", tmp_path / "elsewhere.json")
+        out = cli(ROOT / "evaluate.py", run, "--quiet", "--json", tmp_path / "elsewhere.json")
         assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
         assert out.stderr.startswith(f"warning: cannot keep the result in {final / 'eval-test-fp32.json'}: ")
         assert "--json FILE writes it where you choose" in out.stderr and out.stderr.count("\n") == 1
@@ -337,6 +337,7 @@ def stop_while_uploading(yaml, run, tmp_path, signals: int):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # a bound on the seconds it waits
 def test_sigterm_with_uploads_queued_for_a_silent_hub_waits_only_so_long(train_yaml, tmp_path):
     yaml = long_yaml(train_yaml, tmp_path, "hubstop", checkpoint_every=3, log_every=1, extra=HUB_YAML)
     run = tmp_path / "hubstop"
@@ -359,6 +360,7 @@ def test_sigterm_with_uploads_queued_for_a_silent_hub_waits_only_so_long(train_y
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # a bound on the seconds it waits
 def test_a_second_signal_ends_the_wait_for_uploads_at_once(train_yaml, tmp_path):
     yaml = long_yaml(
         train_yaml,
@@ -410,6 +412,7 @@ def test_a_hub_that_is_down_leaves_no_staged_copies(train_yaml, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # bounds on the seconds each part takes
 def test_wandb_start_and_finish_are_bounded(train_yaml, tmp_path):
     server = silent_server()
     bound = 5
@@ -463,21 +466,19 @@ class Hostile:
 
 
 @pytest.mark.slow
-def test_a_hostile_state_file_is_a_damaged_checkpoint(train_yaml, tmp_path):
+def test_a_hostile_state_file_is_a_damaged_checkpoint(train_yaml, tmp_path, tiny_run_copy, cli):
     yaml = train_yaml()
-    out = run_cli(ROOT / "train.py", yaml)
-    assert out.returncode == 0, out.stderr
-    run = tmp_path / "run"
+    run = tiny_run_copy("run")  # trained in this process, as the resumes below are: the same thread count
     ref = weights(run)
     marker = tmp_path / "it-ran"
     torch.save({"optimizer": Hostile(marker)}, run / "checkpoints" / "step-00000020" / "state.pt")
-    out = run_cli(ROOT / "train.py", yaml, "--resume", "auto")
+    out = cli(ROOT / "train.py", yaml, "--resume", "auto")
     assert out.returncode == 0, out.stderr
     assert "skipped checkpoint step-00000020: state.pt holds objects a safe (weights-only) load refuses" in out.stderr
     assert "weights_only=False" not in out.stderr + out.stdout and not marker.exists()
     assert same_weights(ref, weights(run))  # resumed from step 10, it ends where the first run ended
     torch.save({"optimizer": Hostile(marker)}, run / "checkpoints" / "step-00000020" / "state.pt")
-    out = run_cli(ROOT / "train.py", yaml, "--resume", run / "checkpoints" / "step-00000020")
+    out = cli(ROOT / "train.py", yaml, "--resume", run / "checkpoints" / "step-00000020")
     one_line_error(out, "state.pt holds objects a safe (weights-only) load refuses")
     assert "weights_only=False" not in out.stderr and not marker.exists()
 
@@ -500,7 +501,7 @@ def test_weights_that_do_not_fit_are_named_in_a_short_line(train_yaml, tmp_path)
 
 
 @pytest.mark.slow
-def test_evaluations_over_different_ranges_live_side_by_side(train_yaml, tmp_path):
+def test_evaluations_over_different_ranges_live_side_by_side(train_yaml, tmp_path, cli):
     yaml = train_yaml()
     for seed, norm in ((0, "pytorch_layernorm"), (0, "handrolled_layernorm")):
         name = f"r-{norm}"
@@ -519,9 +520,9 @@ def test_evaluations_over_different_ranges_live_side_by_side(train_yaml, tmp_pat
         )
     runs = [tmp_path / "r-pytorch_layernorm", tmp_path / "r-handrolled_layernorm"]
     for tokens in (1024, 4096):
-        out = run_cli(ROOT / "evaluate.py", *runs, "--tokens", tokens, "--quiet")
+        out = cli(ROOT / "evaluate.py", *runs, "--tokens", tokens, "--quiet")
         assert out.returncode == 0, out.stderr
-    out = run_cli(ROOT / "evaluate.py", *runs, "--quiet")
+    out = cli(ROOT / "evaluate.py", *runs, "--quiet")
     assert out.returncode == 0, out.stderr
     final = find_checkpoint(runs[0])
     assert sorted(p.name for p in final.glob("eval-*.json")) == [
@@ -529,17 +530,18 @@ def test_evaluations_over_different_ranges_live_side_by_side(train_yaml, tmp_pat
         "eval-test-0-4096-fp32.json",
         "eval-test-fp32.json",
     ]
-    again = run_cli(ROOT / "evaluate.py", runs[0], "--tokens", 1024, "--quiet")  # a repeat replaces its own
+    again = cli(ROOT / "evaluate.py", runs[0], "--tokens", 1024, "--quiet")  # a repeat replaces its own
     assert again.returncode == 0 and len(list(final.glob("eval-*.json"))) == 3
     for tokens in (1024, 4096, None):
-        result = compare(runs, tmp_path / f"c{tokens}", tokens=tokens)
+        result = compare(runs, tmp_path / f"c{tokens}", tokens=tokens, plots=False)
         assert result["test_range"]["n_tokens"] == (tokens or 20_000)
-    small = compare(runs, tmp_path / "c1", tokens=1024)["groups"][0]["test_loss_mean"]
-    large = compare(runs, tmp_path / "c2", tokens=4096)["groups"][0]["test_loss_mean"]
+    small = compare(runs, tmp_path / "c1", tokens=1024, plots=False)["groups"][0]["test_loss_mean"]
+    large = compare(runs, tmp_path / "c2", tokens=4096, plots=False)["groups"][0]["test_loss_mean"]
     assert small != large
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # a bound on the seconds a request takes
 def test_every_hub_request_gives_up_after_its_timeout(tmp_path):
     # the client's default waits forever; here a silent Hub costs the read timeout (shortened for the test)
     server = silent_server()

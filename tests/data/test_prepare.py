@@ -5,8 +5,6 @@ import importlib.util
 import json
 import os
 import re
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -183,19 +181,8 @@ def test_play_to_text():
 # --------------------------------------------------------------------------- bad input
 
 
-def test_missing_path(tmp_path):
-    res = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "prepare_data.py"),
-            str(tmp_path / "nothing.txt"),
-            "--out",
-            str(tmp_path / "out"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def test_missing_path(tmp_path, cli):
+    res = cli(ROOT / "scripts" / "prepare_data.py", tmp_path / "nothing.txt", "--out", tmp_path / "out")
     assert res.returncode == 2
     assert res.stderr == f"error: {tmp_path / 'nothing.txt'}: no such file\n"
     assert not (tmp_path / "out").exists()

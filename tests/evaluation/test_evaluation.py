@@ -70,23 +70,23 @@ def test_loss_matches_a_hand_computation(tiny_model_cfg, tmp_path):
 
 
 @pytest.mark.slow  # two torchrun processes
-def test_repeat_and_world_sizes_agree_exactly(trained, tmp_path):
-    first = run_eval(trained, "--json", tmp_path / "a.json")
+def test_repeat_and_world_sizes_agree_exactly(trained, tmp_path, cli):
     ddp = run_eval(
         trained,
         "--json",
         tmp_path / "c.json",
         launcher=[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"],
     )
-    for out in (first, ddp):
-        assert out.returncode == 0, out.stderr[-2000:]
-    a, c = (json.loads((tmp_path / f"{x}.json").read_text())[0] for x in "ac")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in the subprocesses (OMP_NUM_THREADS=1)
     try:
+        first = cli(ROOT / "evaluate.py", trained, "--json", tmp_path / "a.json", "--quiet")
         b = evaluate_checkpoint(find_checkpoint(trained), Dist(), QUIET, write=False)  # again
     finally:
         torch.set_num_threads(threads)
+    for out in (first, ddp):
+        assert out.returncode == 0, out.stderr[-2000:]
+    a, c = (json.loads((tmp_path / f"{x}.json").read_text())[0] for x in "ac")
     assert a["loss"] == b["loss"] == c["loss"]  # bit-identical, not just close
     assert c["world_size"] == 2 and a["world_size"] == 1
     assert a["targets_scored"] == (5000 - 1) // 32 * 32 and a["split"] == "test" and a["precision"] == "fp32"
@@ -117,8 +117,8 @@ def test_range_is_disjoint_from_what_training_read(trained):
     assert ok["range"] == [2048, 4048]
 
 
-def test_bad_paths(trained, tmp_path):
-    out = run_eval(tmp_path)
+def test_bad_paths(trained, tmp_path, cli):
+    out = cli(ROOT / "evaluate.py", tmp_path, "--quiet")
     assert out.returncode == 2 and out.stderr.startswith(f"error: {tmp_path}: not a run directory or checkpoint")
     broken = tmp_path / "broken"
     (broken / "checkpoints").mkdir(parents=True)
@@ -126,7 +126,7 @@ def test_bad_paths(trained, tmp_path):
     target = broken / "checkpoints" / ckpt.name
     target.mkdir()
     (target / "model.safetensors").write_bytes((ckpt / "model.safetensors").read_bytes())
-    out = run_eval(target)
+    out = cli(ROOT / "evaluate.py", target, "--quiet")
     assert out.returncode == 2
     assert out.stderr == f"error: {target}: no config.yaml; cannot tell what model it holds\n"
     original = (trained / "summary.json").read_text()
@@ -182,6 +182,7 @@ def _cpu_has_bf16() -> bool:
 
 
 def test_evaluation_sets_its_own_matmul_precision_and_records_it(token_set, tmp_path):
+    # a fresh evaluate.py process is the reference: what this one has set (TF32, bf16 matmuls) it must not inherit
     from gpt.run.fastpath import apply_tf32, fp32_precision, set_fp32_precision
 
     trained = _tiny_run(tmp_path, token_set, "wide", "pytorch_layernorm", width=256)  # oneDNN's bf16 path: K >= 256
@@ -233,7 +234,7 @@ log: {{progress: false}}
     return folder / name
 
 
-def test_results_of_a_patched_evaluator_are_refused_and_named(token_set, tmp_path):
+def test_results_of_a_patched_evaluator_are_refused_and_named(token_set, tmp_path, cli):
     # finding 3: a second checkout whose evaluator differs by one uncommitted edit (loss x 1.002)
     import shutil
 
@@ -250,8 +251,8 @@ def test_results_of_a_patched_evaluator_are_refused_and_named(token_set, tmp_pat
     token_loss.write_text(
         text.replace("return (float(total.sum()) / scored", "return (1.002 * float(total.sum()) / scored")
     )
-    assert run_eval(a).returncode == 0
-    other = subprocess.run(
+    assert cli(ROOT / "evaluate.py", a, "--quiet").returncode == 0
+    other = subprocess.run(  # the other checkout's code: a process of its own
         [sys.executable, "-m", "gpt.commands.evaluate", str(b), "--quiet"],
         capture_output=True,
         text=True,
@@ -269,10 +270,10 @@ def test_results_of_a_patched_evaluator_are_refused_and_named(token_set, tmp_pat
         UserError,
         match=rf"evaluation\.code\.source: {source[0]}\.\.\. \(hr\); {source[1]}\.\.\. \(pt\); compare runs",
     ) as refused:
-        compare([a, b], tmp_path / "cmp")
+        compare([a, b], tmp_path / "cmp", plots=False)
     assert "code.commit" not in str(refused.value)  # a commit names the code; its source hash is what counts
     assert not (tmp_path / "cmp").exists()
-    accepted = compare([a, b], tmp_path / "cmp", allow_differ=["evaluation.code.source"])
+    accepted = compare([a, b], tmp_path / "cmp", allow_differ=["evaluation.code.source"], plots=False)
     assert list(accepted["allowed_to_differ"]) == ["evaluation.code.source"]
     assert (
         "- **allowed to differ** (--allow-differ): evaluation.code.source: "

@@ -17,6 +17,7 @@ from conftest import FAKE_TOKEN, ROOT, write_token_set, write_train_yaml
 from huggingface_hub import ModelCard
 
 from gpt.commands.cli import standard_hooks
+from gpt.commands.evaluate import main as evaluate
 from gpt.config import load_config
 from gpt.data.tokenizer import get_tokenizer
 from gpt.model.gpt import GPT
@@ -48,12 +49,7 @@ def runs(tmp_path_factory):
         )
         train(cfg, hooks=standard_hooks(cfg))  # as the train command does: the charts the card shows
         out[norm] = root / norm
-    evaluated = subprocess.run(
-        [sys.executable, str(ROOT / "evaluate.py"), str(out["pytorch_layernorm"]), "--quiet"],
-        capture_output=True,
-        text=True,
-    )
-    assert evaluated.returncode == 0, evaluated.stderr
+    assert evaluate([str(out["pytorch_layernorm"]), "--quiet"]) == 0  # as evaluate.py does
     return out
 
 
@@ -66,6 +62,20 @@ def push(hub, run, repo, *extra):
     out = run_py(hub, ROOT / "scripts" / "push_to_hub.py", run, "--repo", repo, *extra)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout)
+
+
+PUSH_ALL = """
+import json, sys
+from gpt.commands.push_to_hub import main
+sys.exit(max(main(args) for args in json.loads(sys.argv[1])))
+"""
+
+
+def push_all(hub, pushes: dict[str, Path]) -> None:
+    """Each run pushed to its repo, as push_to_hub.py does, all in one fresh process (one import of torch)."""
+    out = run_py(hub, "-c", PUSH_ALL, json.dumps([[str(run), "--repo", repo] for repo, run in pushes.items()]))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert [json.loads(line)["repo"] for line in out.stdout.splitlines()] == list(pushes)
 
 
 def our_logits(run):
@@ -91,8 +101,7 @@ print(json.dumps(out))
 
 
 def test_every_norm_type_loads_with_transformers_and_gives_our_logits(runs, hub):
-    for norm, run in runs.items():
-        push(hub, run, f"me/{norm}")
+    push_all(hub, {f"me/{norm}": run for norm, run in runs.items()})
     out = run_py(hub, code=LOAD_ALL.replace("sys.argv[1:]", repr([f"me/{n}" for n in runs])))
     assert out.returncode == 0, out.stderr[-3000:]
     loaded = json.loads(out.stdout.splitlines()[-1])

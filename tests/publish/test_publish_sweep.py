@@ -238,11 +238,12 @@ def test_include_failed_publishes_the_diverged_run_saying_so(sweep, hub, tmp_pat
     assert items[-1]["note"].startswith("no_norm, seed 0, diverged")
 
 
-def test_bad_sweep_folders_are_one_line(sweep, hub, tmp_path):
-    out = publish(hub, tmp_path / "nowhere", ok=False)
+def test_bad_sweep_folders_are_one_line(sweep, hub, tmp_path, cli):
+    # a folder that is no sweep is refused before the Hub is asked anything: in this process
+    out = cli(ROOT / "scripts" / "publish_sweep.py", tmp_path / "nowhere", "--namespace", "me")
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "no such folder" in out.stderr
     (tmp_path / "empty").mkdir()
-    out = publish(hub, tmp_path / "empty", ok=False)
+    out = cli(ROOT / "scripts" / "publish_sweep.py", tmp_path / "empty", "--namespace", "me")
     assert (
         out.returncode == 2 and "a sweep folder holds one comparison folder (comparison.json), found none" in out.stderr
     )

@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+from conftest import write_train_yaml
 
 import gpt.model.gpt
 from gpt.config import load_config
@@ -26,6 +27,14 @@ def losses(train_yaml, tmp_path, name, *overrides):
     records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, 9))
     return [r["train_loss_last"] for r in records], summary
+
+
+@pytest.fixture(scope="module")
+def defaults(tmp_path_factory, token_set):
+    """(losses, summary, run folder) of the run with every option at its default (fp32 on the CPU, prefetching,
+    no vocabulary padding, the loss-only step, eager), trained once a module: what each option is compared to."""
+    folder = tmp_path_factory.mktemp("defaults")
+    return *losses(lambda name: write_train_yaml(folder, token_set, name), folder, "defaults"), folder / "defaults"
 
 
 def test_the_fast_path_on_the_cpu_skips_the_gpu_only_options():
@@ -51,24 +60,24 @@ def load_config_train(**train):
     return TrainConfig(steps=1, **train)
 
 
-def test_auto_precision_on_the_cpu_is_fp32_to_the_bit(train_yaml, tmp_path):
-    fp32, _ = losses(train_yaml, tmp_path, "fp32")
+def test_auto_precision_on_the_cpu_is_fp32_to_the_bit(train_yaml, tmp_path, defaults):
+    fp32, _, _ = defaults
     auto, summary = losses(train_yaml, tmp_path, "auto", "train.precision=auto")
     assert auto == fp32 and summary["precision"] == "fp32" and summary["compile"] is False
 
 
-def test_prefetching_reads_the_same_batches(train_yaml, tmp_path):
-    on, summary = losses(train_yaml, tmp_path, "ahead")  # prefetch is on by default
+def test_prefetching_reads_the_same_batches(train_yaml, tmp_path, defaults):
+    on, summary, _ = defaults  # prefetch is on by default
     off, _ = losses(train_yaml, tmp_path, "in-step", "train.prefetch=false")
     assert on == off  # bit for bit: the same batches in the same order
     assert summary["first_step_seconds"] > 0
 
 
-def test_a_padded_vocabulary_computes_the_same_function(train_yaml, tmp_path):
-    plain, _ = losses(train_yaml, tmp_path, "plain")
+def test_a_padded_vocabulary_computes_the_same_function(train_yaml, tmp_path, defaults):
+    unpadded, unpadded_summary, _ = defaults
     padded, summary = losses(train_yaml, tmp_path, "padded", "model.vocab_pad_multiple=96")  # 256 -> 288 rows
-    assert padded == pytest.approx(plain, rel=1e-6)
-    assert summary["n_params"] == train(load_config(train_yaml("again"), ["train.steps=1"]))["n_params"]
+    assert padded == pytest.approx(unpadded, rel=1e-6)
+    assert summary["n_params"] == unpadded_summary["n_params"]  # the padding rows are not counted
 
 
 def plain_cross_entropy(logits, targets, reduction="mean"):
@@ -77,9 +86,13 @@ def plain_cross_entropy(logits, targets, reduction="mean"):
 
 
 @pytest.mark.parametrize("precision, rel", [("fp32", 1e-6), ("bf16", 1e-3)])
-def test_the_loss_only_step_computes_the_losses_of_the_plain_one(train_yaml, tmp_path, monkeypatch, precision, rel):
+def test_the_loss_only_step_computes_the_losses_of_the_plain_one(
+    train_yaml, tmp_path, monkeypatch, defaults, precision, rel
+):
     # the step's memory savings (no logits returned, no float32 log-softmax kept): the same per-step losses
-    lean, _ = losses(train_yaml, tmp_path, "lean", f"train.precision={precision}")
+    lean = (  # fp32: the defaults' run
+        defaults[0] if precision == "fp32" else losses(train_yaml, tmp_path, "lean", f"train.precision={precision}")[0]
+    )
     monkeypatch.setattr(gpt.model.gpt, "cross_entropy", plain_cross_entropy)
     plain, _ = losses(train_yaml, tmp_path, "plain", f"train.precision={precision}")
     assert lean == pytest.approx(plain, rel=rel)
@@ -112,8 +125,8 @@ def test_the_loss_keeps_no_float32_copy_of_the_logits_for_backward(tiny_model_cf
     assert kept_for_backward() == [torch.float32]
 
 
-def test_bf16_autocast_computes_the_same_function_within_bf16_tolerance(train_yaml, tmp_path):
-    fp32, _ = losses(train_yaml, tmp_path, "fp32")
+def test_bf16_autocast_computes_the_same_function_within_bf16_tolerance(train_yaml, tmp_path, defaults):
+    fp32, _, _ = defaults
     bf16, summary = losses(train_yaml, tmp_path, "bf16", "train.precision=bf16")
     assert summary["precision"] == "bf16"
     assert bf16 == pytest.approx(fp32, rel=2e-2)
@@ -121,13 +134,13 @@ def test_bf16_autocast_computes_the_same_function_within_bf16_tolerance(train_ya
 
 
 @pytest.mark.slow
-def test_torch_compile_computes_the_same_function(train_yaml, tmp_path, capfd):
-    eager, _ = losses(train_yaml, tmp_path, "eager")
+def test_torch_compile_computes_the_same_function(train_yaml, tmp_path, capfd, defaults):
+    eager, _, eager_run = defaults
     compiled, summary = losses(train_yaml, tmp_path, "compiled", "train.compile=true", "log.progress=true")
     assert compiled == pytest.approx(eager, rel=1e-4)
     val = [
-        json.loads((tmp_path / n / "metrics.jsonl").read_text().splitlines()[-1])["val_loss"]
-        for n in ("eager", "compiled")
+        json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["val_loss"]
+        for run in (eager_run, tmp_path / "compiled")
     ]
     assert val[1] == pytest.approx(val[0], rel=1e-4)  # validation's full batches compiled, the ragged one eager
     assert summary["compile"] is True and summary["first_step_seconds"] > 1.0  # it compiled

@@ -2,14 +2,12 @@
 the data's identity, checked when a split is opened."""
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT, write_token_set
+from conftest import ROOT, write_token_set, write_train_yaml
 
 from gpt.config import load_config
 from gpt.data.tokens import DataError, open_split, sample_digest
@@ -20,8 +18,6 @@ from gpt.run.distributed import Dist
 from gpt.run.fingerprint import code_version
 from gpt.training.loop import train
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-
 
 def files_of(folder):
     """Every file's bytes but the lock's (it names the last process that held it)."""
@@ -30,19 +26,31 @@ def files_of(folder):
     }
 
 
+@pytest.fixture(scope="module")
+def own_data_run(tmp_path_factory, token_set):
+    """(token set, run): a token set of its own and a completed 20-step run on it (checkpoints at 10 and 20),
+    made once a module. Read them, never change them: ``own_data`` and ``trained`` give a test copies."""
+    folder = tmp_path_factory.mktemp("own-data-run")
+    data = write_token_set(folder / "tokens", n_train=60_000, n_val=4_000, n_test=4_000)
+    yaml = write_train_yaml(folder, token_set, "fp")
+    yaml.write_text(yaml.read_text().replace(str(token_set), str(data)))
+    train(load_config(yaml))
+    return data, folder / "fp"
+
+
 @pytest.fixture
-def own_data(tmp_path):
+def own_data(own_data_run, tmp_path):
     """A token set this test may replace (the session's shared one must stay as it is)."""
-    return write_token_set(tmp_path / "tokens", n_train=60_000, n_val=4_000, n_test=4_000)
+    return shutil.copytree(own_data_run[0], tmp_path / "tokens")
 
 
 @pytest.fixture
-def trained(train_yaml, token_set, own_data, tmp_path):
-    """A completed 20-step run on ``own_data`` (checkpoints at 10 and 20); returns (config path, run dir)."""
+def trained(own_data_run, train_yaml, token_set, own_data, tmp_path):
+    """A completed 20-step run on ``own_data`` (checkpoints at 10 and 20): a copy of the module's run, whose
+    checkpoints read the module's tokens (the same bytes); returns (config path, run dir)."""
     yaml = train_yaml("fp")
     yaml.write_text(yaml.read_text().replace(str(token_set), str(own_data)))
-    train(load_config(yaml))
-    return yaml, tmp_path / "fp"
+    return yaml, shutil.copytree(own_data_run[1], tmp_path / "fp")
 
 
 def step_10(run):
@@ -85,17 +93,11 @@ def test_resume_on_other_data_is_refused(trained, own_data):
     )
 
 
-def test_resume_from_the_command_line_is_one_line_and_writes_nothing(trained, own_data):
+def test_resume_from_the_command_line_is_one_line_and_writes_nothing(trained, own_data, cli):
     yaml, run = trained
     write_token_set(own_data, n_train=60_000, n_val=4_000, n_test=4_000, seed=2)
     before = files_of(run)
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), str(yaml), "--resume", str(step_10(run))],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=300,
-    )
+    out = cli(ROOT / "train.py", yaml, "--resume", step_10(run))
     assert out.returncode == 2 and "Traceback" not in out.stderr and out.stderr.count("\n") == 1, out.stderr
     assert out.stderr.startswith("error: ") and "data.train.sha256: checkpoint" in out.stderr
     assert files_of(run) == before

@@ -19,7 +19,7 @@ from gpt.common.files import process_alive
 from gpt.config import load_config
 from gpt.model.gpt import GPT
 from gpt.speed.gpu_check import FILES, check, check_stages, select
-from gpt.speed.stages import Stage, budget_lines, run_stages
+from gpt.speed.stages import GRACE_S, Stage, budget_lines, run_stages
 from gpt.speed.test_progress import results_of_tests
 from gpt.training.loop import Trainer, train
 
@@ -85,6 +85,7 @@ def stand_ins(out):
     ]
 
 
+@pytest.mark.serial  # a wall-clock budget: a busy machine would cut the stages elsewhere
 def test_a_budget_that_cuts_the_run_keeps_every_finished_row(tmp_path):
     out = tmp_path / "out"
     code = check(out, stand_ins(out), budget_s=3.0, env=["stand-in machine"], reserve_s=0.2)
@@ -133,6 +134,7 @@ def test_a_failure_is_in_the_summary_and_the_exit_status(tmp_path):
     assert len((out / "rows.jsonl").read_text().splitlines()) == 2
 
 
+@pytest.mark.serial  # pgrep searches the whole machine
 def test_a_stage_past_its_limit_is_stopped_with_its_children(tmp_path):
     # a stage that spawns a child and hangs: both end at the limit, and the next stage still runs
     hang = [
@@ -190,14 +192,19 @@ child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.sig
 open(sys.argv[2], "w").write(f"{{os.getpid()}} {{child.pid}}")
 time.sleep(1000)
 """
+# The check with a short grace before the SIGKILL (the test adds the rest of GRACE_S to the time it measures) and a
+# short poll, so that the summary shows a row soon after it lands
 CHECK = """
-import json, sys
+import functools, json, sys
 from pathlib import Path
+from gpt.speed import stages as staging
 from gpt.speed.stages import Stage
 from gpt.speed.gpu_check import check
+staging._stop_group = functools.partial(staging._stop_group, grace_s=float(sys.argv[3]))
 stages = [Stage(**s) for s in json.loads(sys.argv[2])]
-sys.exit(check(Path(sys.argv[1]), stages, budget_s=120.0, env=["stand-in machine"], reserve_s=1.0))
+sys.exit(check(Path(sys.argv[1]), stages, budget_s=120.0, env=["stand-in machine"], reserve_s=1.0, poll_s=0.2))
 """
+GRACE_IN_TEST_S = 1.0
 
 
 def wait_for(condition, seconds: float = 60.0) -> None:
@@ -207,6 +214,7 @@ def wait_for(condition, seconds: float = 60.0) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.serial  # a wall-clock bound on the stop
 @pytest.mark.parametrize(("signum", "ignore_term"), [(signal.SIGTERM, True), (signal.SIGINT, False)])
 def test_a_stop_signal_ends_the_running_stage_with_its_children_and_leaves_the_summary(tmp_path, signum, ignore_term):
     # the check in a child process (signal handlers are the main thread's), its second stage hanging with a
@@ -227,9 +235,8 @@ def test_a_stop_signal_ends_the_running_stage_with_its_children_and_leaves_the_s
         dict(name="tests", what="never reached", command=[sys.executable, "-c", "pass"], log="tests.log", min_s=0.1),
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CHECK, str(out), json.dumps(stages)], stdout=subprocess.PIPE, text=True, env=env
-    )
+    command = [sys.executable, "-c", CHECK, str(out), json.dumps(stages), str(GRACE_IN_TEST_S)]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
     try:
         summary = out / "summary.txt"
         wait_for(lambda: pids.is_file() and "step  n1" in summary.read_text())
@@ -239,7 +246,8 @@ def test_a_stop_signal_ends_the_running_stage_with_its_children_and_leaves_the_s
         proc.send_signal(signum)
         sent = time.monotonic()
         stdout, _ = proc.communicate(timeout=10)
-        assert time.monotonic() - sent < 10
+        took = time.monotonic() - sent + (GRACE_S - GRACE_IN_TEST_S if ignore_term else 0.0)  # with the whole grace
+        assert took < 10
     finally:
         proc.kill()
     assert proc.returncode == 128 + signum
@@ -302,6 +310,7 @@ def test_two():
 def test_three():
     assert {fails}
 def test_slow():
+    open({started!r}, "w").close()  # the stage's clock jumps past its limit: cut here
     time.sleep(60)
 def test_after():
     pass
@@ -311,13 +320,17 @@ def test_after():
 @pytest.mark.parametrize("fails", [False, True])
 def test_the_tests_stage_cut_by_time_reports_what_ran_and_fails_only_on_a_failed_test(tmp_path, fails):
     # the real tests stage (pytest -v with the listing plugin, the findings) on a stand-in test file
-    tests = tmp_path / "test_stand_in.py"
-    tests.write_text(STAND_IN_TESTS.format(fails="False" if fails else "True"))
+    tests, started = tmp_path / "test_stand_in.py", tmp_path / "test_slow started"
+    tests.write_text(STAND_IN_TESTS.format(fails="False" if fails else "True", started=str(started)))
     out = tmp_path / "out"
     stage = next(s for s in check_stages(out, tests, CONFIGS / "gpt2-small.yaml", quick=False) if s.name == "tests")
     assert stage.command[-3:] == ["gpt.speed.test_progress", "-v", "-ra"]
-    stage = dataclasses.replace(stage, min_s=1.0, max_s=8.0, env={**stage.env, "PYTHONPATH": str(ROOT)})
-    code = check(out, [stage], budget_s=60.0, env=[], reserve_s=1.0)
+    stage = dataclasses.replace(stage, min_s=1.0, max_s=30.0, env={**stage.env, "PYTHONPATH": str(ROOT)})
+
+    def clock():  # the stage's time runs out while test_slow runs: not a wait that a busy machine may outlast
+        return time.monotonic() + (3600.0 if started.exists() else 0.0)
+
+    code = check(out, [stage], budget_s=60.0, env=[], reserve_s=1.0, clock=clock, poll_s=0.1)
     summary = (out / "summary.txt").read_text()
     assert stage_lines(summary)["tests"][1] == ("failed" if fails else "cut") and code == int(fails), summary
     assert f"    {1 + (not fails)} passed, {int(fails)} failed, 1 skipped of 5\n" in summary

@@ -393,6 +393,8 @@ class LocalSlurm:
 
     def release(self, jobid: str | int) -> None:
         """Let a requeued job (held back ~120 s by its BeginTime) start within seconds."""
+        # not now: a job started again in the second its requeue revoked its credential is killed ("Job credential
+        # revoked") and ends FAILED
         self.run("scontrol", "update", f"jobid={jobid}", "StartTime=now+2")
 
     def wait_idle(self, timeout: float = 30) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from sweep.local_slurm import LocalSlurm
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.serial]  # one cluster, its CPUs: alone
 
 
 def read(path: Path) -> str:

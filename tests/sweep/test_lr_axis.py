@@ -6,7 +6,9 @@ import shlex
 
 import numpy as np
 import pytest
+import torch
 import yaml
+from analysis.test_compare import render_only
 from synthetic import sized_grid_yaml
 
 from gpt.commands.sweep import build_parser
@@ -23,8 +25,17 @@ NORMS, SEEDS, LRS = ["pytorch_layernorm", "dyt"], [0, 1], [3e-2, 1e-1, 3e-1]
 
 @pytest.fixture
 def grid_cfg(train_yaml):
-    """The tiny CPU config (optim.lr 1e-2, min_lr 1e-3: a ratio of 0.1) cut to 6 steps, validated every 3."""
-    return sized_grid_yaml(train_yaml("grid"), steps=6, checkpoint_every=6, eval_every=3)
+    """The tiny CPU config (optim.lr 1e-2, min_lr 1e-3: a ratio of 0.1) cut to 6 steps, validated at the last on
+    512 tokens and tested on 1024 (only the last validation chooses)."""
+    config = sized_grid_yaml(train_yaml("grid"), steps=6, checkpoint_every=6, eval_every=6)
+    text = (
+        config.read_text()
+        .replace("val_tokens: 2048", "val_tokens: 512")
+        .replace("test_tokens: 4096", "test_tokens: 1024")
+    )
+    assert "val_tokens: 512" in text and "test_tokens: 1024" in text
+    config.write_text(text)
+    return config
 
 
 def last_val_loss(run):
@@ -118,11 +129,22 @@ def test_dry_runs_name_the_rates(grid_cfg, tmp_path, capsys):
     assert err == "error: --lrs 1e-2 1e-2 names a learning rate twice\n" and not runs.exists()
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny models train several times faster on one thread than on two contending for two cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.slow
-def test_a_learning_rate_sweep_chooses_on_validation(grid_cfg, tmp_path):
+def test_a_learning_rate_sweep_chooses_on_validation(grid_cfg, tmp_path, monkeypatch, one_thread):
     """2 norm types x 3 rates x 2 seeds, trained: each norm type's rate is the argmin of its mean last validation
     loss, read here from the run folders, and its test loss is the chosen rate's. (Run as sweep.py runs it, but
-    without each run's own charts: test_dry_runs_name_the_rates shows the command's options reach run_sweep.)"""
+    without each run's own charts: test_dry_runs_name_the_rates shows the command's options reach run_sweep; and
+    the comparison's charts drawn, not rendered.)"""
+    render_only(monkeypatch)
     runs = tmp_path / "runs"
     argv = [str(grid_cfg), "--norm-types", *NORMS, "--seeds", *map(str, SEEDS), "--lrs", *map(str, LRS)]
     spec = spec_of([*argv, "--runs-dir", str(runs)])

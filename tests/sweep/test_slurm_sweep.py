@@ -1,6 +1,8 @@
 """sweep.py --launcher slurm against a real one-node SLURM cluster (tests/sweep/local_slurm.py): the same
 comparison and bits as a local sweep, a cell requeued at its time-limit signal resumed to the same bits, an
-idempotent resubmission, a failing cell named by the comparison, a dry run that submits nothing."""
+idempotent resubmission, a failing cell named by the comparison, a dry run that submits nothing. Two cells (two
+norm types, one seed) show each of these: one is requeued, fails or is cancelled while the other is not. The tests
+that use the cluster are ``serial``: they share it, and a cell caught mid-run needs the CPUs it was given."""
 
 import json
 import subprocess
@@ -13,9 +15,8 @@ from synthetic import sized_grid_yaml
 from gpt.run.directory import find_checkpoint
 from gpt.sweep import controller
 
-pytestmark = pytest.mark.slow  # and the tests that submit to the local cluster: slurm
-
-NORMS, SEEDS = ["pytorch_layernorm", "no_norm"], ["0", "1"]
+NORMS, SEEDS = ["pytorch_layernorm", "no_norm"], ["0"]
+CELLS = [f"slurmgrid-{n.replace('_', '-')}-s{s}" for n in NORMS for s in SEEDS]
 
 
 @pytest.fixture
@@ -24,11 +25,17 @@ def grid(train_yaml):
     return sized_grid_yaml(train_yaml("slurmgrid"), steps=240, checkpoint_every=20, eval_every=80)
 
 
-def sweep(cluster, tmp_path, config, *args, check=True):
-    """The sweep command as a user runs it, in ``tmp_path``, against the cluster."""
+def sweep_argv(cluster, config, *args):
+    """The sweep command as a user runs it against the cluster (the jobs it submits inherit its environment)."""
     env = {**cluster.env, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
     argv = [sys.executable, "-m", "gpt.commands.sweep", str(config), "--norm-types", *NORMS, "--seeds", *SEEDS]
-    done = subprocess.run([*argv, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    return [*argv, *args], env
+
+
+def sweep(cluster, tmp_path, config, *args, check=True):
+    """The sweep command run in ``tmp_path``, to its end."""
+    argv, env = sweep_argv(cluster, config, *args)
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     if check:
         assert done.returncode == 0, done.stdout + done.stderr
     return done
@@ -42,9 +49,14 @@ def final_weights(run):
     return load_file(str(find_checkpoint(run) / "model.safetensors"))
 
 
+@pytest.mark.slow
 @pytest.mark.slurm
-def test_dry_run_prints_the_scripts_and_submits_nothing(slurm_cluster, grid, tmp_path):
-    done = sweep(slurm_cluster, tmp_path, grid, "--launcher", "slurm", "--time", "00:10:00", "--dry-run")
+@pytest.mark.serial
+def test_dry_run_prints_the_scripts_and_submits_nothing(slurm_cluster, grid, tmp_path, cli):
+    env = {"SLURM_CONF": slurm_cluster.conf, "PATH": slurm_cluster.env["PATH"]}
+    args = [grid, "--norm-types", *NORMS, "--seeds", "0", "1", "--launcher", "slurm", "--time", "00:10:00"]
+    done = cli("sweep", *args, "--dry-run", env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
     assert "#SBATCH --array=0,1,2,3" in done.stdout
     assert "#SBATCH --signal=B:USR1@120" in done.stdout
     assert "--in-job compare" in done.stdout
@@ -53,30 +65,56 @@ def test_dry_run_prints_the_scripts_and_submits_nothing(slurm_cluster, grid, tmp
     assert not (tmp_path / "runs" / "slurmgrid-slurm" / "jobs.json").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.slurm
+@pytest.mark.serial
 def test_slurm_sweep_equals_local_and_a_requeued_cell_resumes_to_the_same_bits(
     slurm_cluster, grid, tmp_path, monkeypatch
 ):
     monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
-    local = sweep(slurm_cluster, tmp_path, grid, "--runs-dir", "local")  # one after another, in this process
+    # The local sweep, one cell after another in one process, runs meanwhile: it has the CPUs while the SLURM
+    # cells wait (held, requeued, or for the comparison job).
+    argv, env = sweep_argv(slurm_cluster, grid, "--runs-dir", "local")
+    with open(tmp_path / "local.out", "w") as out:
+        local = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        slurm_sweep_and_requeue(slurm_cluster, grid, tmp_path)
+        assert local.wait(timeout=600) == 0, (tmp_path / "local.out").read_text()
+    finally:
+        if local.poll() is None:
+            local.kill()
+            local.wait()
+    runs = tmp_path / "runs"
+    slurm_result = json.loads((runs / "slurmgrid-comparison" / "comparison.json").read_text())
+    local_result = json.loads((tmp_path / "local" / "slurmgrid-comparison" / "comparison.json").read_text())
+    for g_slurm, g_local in zip(slurm_result["groups"], local_result["groups"], strict=True):
+        assert g_slurm["test_loss_mean"] == g_local["test_loss_mean"]
+    for cell in jobs_record(runs)["cells"]:
+        ours, theirs = final_weights(runs / cell), final_weights(tmp_path / "local" / cell)
+        assert all(ours[k].equal(theirs[k]) for k in theirs), cell
+
+
+def slurm_sweep_and_requeue(slurm_cluster, grid, tmp_path):
+    """The SLURM sweep of ``grid``: submitted held, resubmitted, a cell cancelled and resubmitted alone, the other
+    requeued at its time-limit signal; waits for the comparison job."""
     first = sweep(slurm_cluster, tmp_path, grid, "--launcher", "slurm", "--slurm-opt", "hold")
     runs = tmp_path / "runs"
     jobs = jobs_record(runs)
-    cell_jobs = [jobs["cells"][f"slurmgrid-{n.replace('_', '-')}-s{s}"] for n in NORMS for s in SEEDS]
+    cell_jobs = [jobs["cells"][cell] for cell in CELLS]
     assert "submitted job array" in first.stdout and jobs["compare"]
 
     # Resubmitting while the cells wait submits nothing; a cancelled cell is resubmitted alone.
     again = sweep(slurm_cluster, tmp_path, grid, "--launcher", "slurm")
     assert "submitted" not in again.stdout.replace("left alone", ""), again.stdout
     assert jobs_record(runs) == jobs
-    slurm_cluster.run("scancel", cell_jobs[3])
-    slurm_cluster.wait_until(lambda: controller.state(cell_jobs[3]) in (None, "CANCELLED"), 30, "the cancel")
+    slurm_cluster.run("scancel", cell_jobs[1])
+    slurm_cluster.wait_until(lambda: controller.state(cell_jobs[1]) in (None, "CANCELLED"), 30, "the cancel")
     third = sweep(slurm_cluster, tmp_path, grid, "--launcher", "slurm")
     after = jobs_record(runs)
-    assert [c for c in after["cells"] if after["cells"][c] != jobs["cells"][c]] == ["slurmgrid-no-norm-s1"]
+    assert [c for c in after["cells"] if after["cells"][c] != jobs["cells"][c]] == ["slurmgrid-no-norm-s0"]
     assert after["compare"] == jobs["compare"]  # the pending comparison now also waits for the new job
-    assert after["cells"]["slurmgrid-no-norm-s1"].split("_")[0] in slurm_cluster.job(jobs["compare"])["Dependency"]
-    assert "(1 cell(s), tasks 3)" in third.stdout
+    assert after["cells"]["slurmgrid-no-norm-s0"].split("_")[0] in slurm_cluster.job(jobs["compare"])["Dependency"]
+    assert "(1 cell(s), tasks 1)" in third.stdout
     slurm_cluster.run("scontrol", "release", cell_jobs[0].split("_")[0])
 
     # Cell 0 gets its time-limit signal mid-run: it checkpoints, requeues itself and resumes.
@@ -96,43 +134,35 @@ def test_slurm_sweep_equals_local_and_a_requeued_cell_resumes_to_the_same_bits(
     assert [e["outcome"] for e in ends] == ["requeued", "done"]
     assert json.loads((runs / "slurmgrid-pytorch-layernorm-s0" / "summary.json").read_text())["segments"][1:]
 
-    slurm_result = json.loads((runs / "slurmgrid-comparison" / "comparison.json").read_text())
-    local_result = json.loads((tmp_path / "local" / "slurmgrid-comparison" / "comparison.json").read_text())
-    for g_slurm, g_local in zip(slurm_result["groups"], local_result["groups"], strict=True):
-        assert g_slurm["test_loss_mean"] == g_local["test_loss_mean"]
-    assert local.returncode == 0
-    for cell in jobs["cells"]:
-        ours, theirs = final_weights(runs / cell), final_weights(tmp_path / "local" / cell)
-        assert all(ours[k].equal(theirs[k]) for k in theirs), cell
 
-
+@pytest.mark.slow
 @pytest.mark.slurm
+@pytest.mark.serial
 def test_a_failing_cell_is_not_requeued_and_the_comparison_names_it(slurm_cluster, grid, tmp_path):
-    blocked = tmp_path / "runs" / "slurmgrid-no-norm-s1"
+    blocked = tmp_path / "runs" / "slurmgrid-no-norm-s0"
     blocked.parent.mkdir()
     blocked.write_text("a file where the run's folder goes\n")
     sweep(slurm_cluster, tmp_path, grid, "--launcher", "slurm", "--set", "train.steps=20")
     compare_job = jobs_record(tmp_path / "runs")["compare"]
     slurm_cluster.wait_until(lambda: slurm_cluster.state(compare_job) == "COMPLETED", 600, "the comparison")
-    failing = jobs_record(tmp_path / "runs")["cells"]["slurmgrid-no-norm-s1"]
+    failing = jobs_record(tmp_path / "runs")["cells"]["slurmgrid-no-norm-s0"]
     info = slurm_cluster.job(failing)
     assert (info["JobState"], info["Restarts"]) == ("FAILED", "0")
     report = (tmp_path / "runs" / "slurmgrid-comparison" / "comparison.md").read_text()
-    line = next(x for x in report.splitlines() if "slurmgrid-no-norm-s1" in x)
-    assert line.startswith("**Failed, no result:** slurmgrid-no-norm-s1: error: cannot write the run directory runs/")
+    line = next(x for x in report.splitlines() if "slurmgrid-no-norm-s0" in x)
+    assert line.startswith("**Failed, no result:** slurmgrid-no-norm-s0: error: cannot write the run directory runs/")
     status = sweep(slurm_cluster, tmp_path, grid, "--set", "train.steps=20", "--status").stdout
     assert "FAILED" in status and "error: " in status
     assert blocked.read_text() == "a file where the run's folder goes\n"  # nothing of the user's touched
 
 
-def test_scripts_on_paper_for_several_nodes(grid, tmp_path):
+def test_scripts_on_paper_for_several_nodes(grid, tmp_path, cli):
     """Two nodes of 8 GPUs: the script asks for them; the cells' torchrun meets on the first node (srun)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "gpt.commands.sweep", str(grid), "--norm-types", "dyt", "--launcher", "slurm",
-         "--nodes", "2", "--gpus-per-node", "8", "--partition", "gpu", "--account", "lab", "--qos", "high",
-         "--constraint", "h100", "--push-to-hub", "alice", "--dry-run"],
-        cwd=tmp_path, capture_output=True, text=True, check=True, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
-    )  # fmt: skip
+    env = {"PATH": "/usr/bin:/bin", "HOME": tmp_path}
+    done = cli("sweep", grid, "--norm-types", "dyt", "--launcher", "slurm", "--nodes", "2", "--gpus-per-node", "8",
+               "--partition", "gpu", "--account", "lab", "--qos", "high", "--constraint", "h100",
+               "--push-to-hub", "alice", "--dry-run", cwd=tmp_path, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
     for line in ("--nodes=2", "--gpus-per-node=8", "--partition=gpu", "--account=lab", "--qos=high",
                  "--constraint=h100"):  # fmt: skip
         assert f"#SBATCH {line}\n" in done.stdout
@@ -169,11 +199,9 @@ def test_a_cell_on_several_nodes_runs_torchrun_on_each_under_srun(monkeypatch):
         ([], "error: sbatch: not found; --launcher slurm runs on a SLURM cluster's login node"),
     ],
 )
-def test_slurm_options_a_user_gets_wrong_are_one_line_before_anything_is_submitted(grid, tmp_path, args, message):
-    done = subprocess.run(
-        [sys.executable, "-m", "gpt.commands.sweep", str(grid), "--norm-types", "dyt", "--launcher", "slurm", *args],
-        cwd=tmp_path, capture_output=True, text=True, env={"PATH": str(tmp_path), "HOME": str(tmp_path)},
-    )  # fmt: skip
+def test_slurm_options_a_user_gets_wrong_are_one_line_before_anything_is_submitted(grid, tmp_path, args, message, cli):
+    env = {"PATH": tmp_path, "HOME": tmp_path}  # no sbatch on the PATH
+    done = cli("sweep", grid, "--norm-types", "dyt", "--launcher", "slurm", *args, cwd=tmp_path, env=env)
     assert (done.returncode, done.stderr.count("\n")) == (2, 1), done.stderr
     assert done.stderr.startswith(message)
     assert not (tmp_path / "runs").exists()  # nothing written

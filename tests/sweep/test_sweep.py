@@ -6,6 +6,8 @@ import subprocess
 import sys
 
 import pytest
+import torch
+from analysis.test_compare import render_only
 from conftest import ROOT
 from safetensors.torch import load_file
 
@@ -13,24 +15,38 @@ from gpt.common.errors import UserError
 from gpt.run.directory import find_checkpoint
 from gpt.sweep.launch import run_sweep
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture
 def grid_cfg(train_yaml, tmp_path):
+    """6 steps, a checkpoint and a validation every 3; validation on 512 tokens and the test on 1024 (what is
+    tested here does not depend on how many)."""
     text = (
         train_yaml("grid")
         .read_text()
         .replace("steps: 20", "steps: 6")
         .replace("checkpoint_every: 10", "checkpoint_every: 3")
         .replace("eval_every: 10", "eval_every: 3")
+        .replace("val_tokens: 2048", "val_tokens: 512")
     )
+    assert "val_tokens: 512" in text
     path = tmp_path / "grid.yaml"
-    path.write_text(text.replace("data: {path:", "data: {test_tokens: 4096, path:"))
+    path.write_text(text.replace("data: {path:", "data: {test_tokens: 1024, path:"))
     return path
 
 
-def test_sweep_skips_completed_and_resumes_interrupted(grid_cfg, tmp_path):
+@pytest.fixture
+def in_process(monkeypatch):
+    """The cells trained in this process on one thread (a tiny model's steps are several times faster than on
+    two threads contending for two cores) and the comparison's charts drawn but not rendered (not looked at)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    render_only(monkeypatch)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.slow
+def test_sweep_skips_completed_and_resumes_interrupted(grid_cfg, tmp_path, in_process):
     runs = tmp_path / "runs"
     lines = []
     result = run_sweep(grid_cfg, ["pytorch_layernorm", "dyt"], [0], runs, log=lines.append)
@@ -64,30 +80,10 @@ def test_sweep_skips_completed_and_resumes_interrupted(grid_cfg, tmp_path):
     assert [g["test_loss_mean"] for g in again["groups"]] == [g["test_loss_mean"] for g in result["groups"]]
 
 
-def test_dry_run_prints_commands(grid_cfg, tmp_path):
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "sweep.py"),
-            str(grid_cfg),
-            "--norm-types",
-            "no_norm",
-            "--seeds",
-            "1",
-            "2",
-            "--nproc",
-            "2",
-            "--runs-dir",
-            str(tmp_path / "r"),
-            "--baseline",
-            "no_norm",
-            "--equivalence-margin",
-            "0.01",
-            "--dry-run",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+def test_dry_run_prints_commands(grid_cfg, tmp_path, cli):
+    args = [grid_cfg, "--norm-types", "no_norm", "--seeds", "1", "2", "--nproc", "2", "--runs-dir", tmp_path / "r"]
+    out = cli(
+        ROOT / "scripts" / "sweep.py", *args, "--baseline", "no_norm", "--equivalence-margin", "0.01", "--dry-run"
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
@@ -102,7 +98,8 @@ def test_dry_run_prints_commands(grid_cfg, tmp_path):
     assert lines[4].endswith(f"--out {tmp_path / 'r' / 'grid-comparison'} --baseline no_norm --equivalence-margin 0.01")
 
 
-def test_crossed_seeds_split_the_noise(grid_cfg, tmp_path):
+@pytest.mark.slow
+def test_crossed_seeds_split_the_noise(grid_cfg, tmp_path, in_process):
     runs = tmp_path / "runs"
     result = run_sweep(
         grid_cfg, ["pytorch_layernorm"], [0], runs, init_seeds=[0, 1], data_seeds=[3, 4], log=lambda line: None
@@ -165,18 +162,21 @@ def test_dry_run_of_crossed_seeds(grid_cfg, tmp_path, capsys):
     assert lines[-1].endswith("--allow-differ hardware.name") and "-m gpt.commands.compare" in lines[-1]
 
 
-def test_push_to_hub_publishes_the_sweep_at_its_end(grid_cfg, tmp_path, hub):
+@pytest.mark.slow
+def test_push_to_hub_publishes_the_sweep_at_its_end(grid_cfg, tmp_path, hub, cli):
     runs = tmp_path / "runs"
-    sweep = [sys.executable, str(ROOT / "scripts" / "sweep.py"), str(grid_cfg), "--norm-types", "pytorch_layernorm"]
-    sweep += ["--seeds", "0", "--runs-dir", str(runs)]
-    refused = subprocess.run([*sweep, "--push-to-hub", "bad name"], env=hub.env, capture_output=True, text=True)
+    sweep = [ROOT / "scripts" / "sweep.py", grid_cfg, "--norm-types", "pytorch_layernorm", "--seeds", "0"]
+    sweep += ["--runs-dir", runs]
+    refused = cli(*sweep, "--push-to-hub", "bad name")
     assert refused.returncode == 2 and "which the Hub refuses" in refused.stderr and not runs.exists()  # no training
-    dry = subprocess.run([*sweep, "--push-to-hub", "me", "--dry-run"], env=hub.env, capture_output=True, text=True)
+    dry = cli(*sweep, "--push-to-hub", "me", "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert dry.stdout.splitlines()[-1].endswith(
         f"scripts/publish_sweep.py {runs} --namespace me --comparison {runs / 'grid-comparison'}"
     )
-    out = subprocess.run([*sweep, "--push-to-hub", "me"], env=hub.env, capture_output=True, text=True, timeout=600)
+    # a process of its own: huggingface_hub reads HF_ENDPOINT (the test's Hub) when it is first imported
+    argv = [sys.executable, *map(str, sweep), "--push-to-hub", "me"]
+    out = subprocess.run(argv, env=hub.env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert set(hub.repos) == {"me/grid-pytorch-layernorm-s0", "datasets/me/grid-comparison"}
     (collection,) = hub.collections.values()

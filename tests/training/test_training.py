@@ -159,14 +159,15 @@ def test_sigterm_checkpoints_and_resume_finishes_identically(train_yaml, tmp_pat
 
     (tmp_path / "ref.yaml").write_text(cfg("ref"))
     (tmp_path / "stop.yaml").write_text(cfg("stop"))
-    reference = run_train(tmp_path / "ref.yaml")
-    assert reference.returncode == 0, reference.stderr
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), str(tmp_path / "stop.yaml")],
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    reference, proc = (  # the uninterrupted run trains meanwhile
+        subprocess.Popen(
+            [sys.executable, str(ROOT / "train.py"), str(tmp_path / f"{name}.yaml")],
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("ref", "stop")
     )
     log = tmp_path / "stop" / "metrics.jsonl"
     deadline = time.time() + 120
@@ -182,6 +183,8 @@ def test_sigterm_checkpoints_and_resume_finishes_identically(train_yaml, tmp_pat
     out = run_train(tmp_path / "stop.yaml", "--resume", "auto")
     assert out.returncode == 0, out.stderr
     assert json.loads((tmp_path / "stop" / "summary.json").read_text())["status"] == "completed"
+    _, err = reference.communicate(timeout=120)
+    assert reference.returncode == 0, err
     a, b = final_weights(tmp_path / "ref"), final_weights(tmp_path / "stop")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert [r["train_loss"] for r in metrics(tmp_path / "ref")] == [r["train_loss"] for r in metrics(tmp_path / "stop")]
@@ -251,8 +254,8 @@ def test_diverging_run_stops_itself(train_yaml, tmp_path):
     assert summary["stop_reason"].startswith("train loss") and "above train.loss_ceiling 6" in summary["stop_reason"]
 
 
-def test_config_errors_stop_before_anything_is_built(train_yaml, tmp_path):
-    out = run_train(train_yaml(), "--set", "train.micro_batch=4")
+def test_config_errors_stop_before_anything_is_built(train_yaml, tmp_path, cli):
+    out = cli("train", train_yaml(), "--set", "train.micro_batch=4")
     assert out.returncode == 2 and out.stderr.startswith(
         "error: --set: train.micro_batch: unknown key; did you mean 'train.micro_batch_size'?"
     )
@@ -274,8 +277,8 @@ def test_config_errors_stop_before_anything_is_built(train_yaml, tmp_path):
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
-def test_resume_with_a_different_model_is_refused(train_yaml, tmp_path):
-    train(load_config(train_yaml()))
+def test_resume_with_a_different_model_is_refused(train_yaml, tiny_run_copy):
+    tiny_run_copy("run")
     bigger = load_config(train_yaml(), ["model.d_model=64", "model.n_heads=4"])
     with pytest.raises(
         UserError,
@@ -285,9 +288,9 @@ def test_resume_with_a_different_model_is_refused(train_yaml, tmp_path):
         train(bigger, resume="auto")
 
 
-def test_existing_run_is_not_overwritten(train_yaml, tmp_path):
+def test_existing_run_is_not_overwritten(train_yaml, tmp_path, tiny_run_copy):
     cfg = load_config(train_yaml())
-    train(cfg)
+    tiny_run_copy("run")  # cfg's run, completed
     before = (tmp_path / "run" / "metrics.jsonl").read_text()
     with pytest.raises(
         UserError,
@@ -333,7 +336,7 @@ def test_wandb_offline_receives_the_run(train_yaml, tmp_path, monkeypatch):
         json.dumps(records[-1]["val_loss"]).encode() not in (data := history[0].read_bytes())
         and time.monotonic() < deadline
     ):
-        time.sleep(0.5)
+        time.sleep(0.05)
     assert len(records) == 10
     for r in records:
         assert b"train_loss" in data and json.dumps(r["train_loss"]).encode() in data, r["step"]
@@ -361,10 +364,8 @@ def files_of(folder):
     return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_resume_refuses_a_changed_experiment(train_yaml, tmp_path):
-    cfg = load_config(train_yaml())
-    train(cfg)
-    run = tmp_path / "run"
+def test_resume_refuses_a_changed_experiment(train_yaml, tiny_run_copy, cli):
+    run = tiny_run_copy("run")
     before = files_of(run)
     for change, named in (
         (["optim.lr=0.02"], "optim.lr: checkpoint 0.01, config 0.02"),
@@ -379,7 +380,7 @@ def test_resume_refuses_a_changed_experiment(train_yaml, tmp_path):
         ):
             train(load_config(train_yaml(), change), resume="auto")
         assert files_of(run) == before, change  # nothing written
-    out = run_train(train_yaml(), "--resume", "auto", "--set", "optim.lr=0.02")
+    out = cli("train", train_yaml(), "--resume", "auto", "--set", "optim.lr=0.02")
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "optim.lr: checkpoint 0.01" in out.stderr
 
     # what only changes logging and cadence continues; the run's config.yaml stays as the run began
@@ -396,13 +397,13 @@ def test_resume_refuses_a_changed_experiment(train_yaml, tmp_path):
     assert load_config(run / "checkpoints" / "step-00000020" / "config.yaml").log.log_every == 5
 
 
-def test_resume_refuses_another_plan_of_length(train_yaml, tmp_path):
-    train(load_config(train_yaml()))
-    ckpt = tmp_path / "run" / "checkpoints" / "step-00000010"
+def test_resume_refuses_another_plan_of_length(train_yaml, tiny_run_copy):
+    run = tiny_run_copy("run")
+    ckpt = run / "checkpoints" / "step-00000010"
     state = ckpt_io.load_state(ckpt)
     state["progress"]["total_steps"] = 25  # as if the step count had been worked out differently
     torch.save(state, ckpt / "state.pt")
-    (tmp_path / "run" / "checkpoints" / "latest").write_text("step-00000010\n")
+    (run / "checkpoints" / "latest").write_text("step-00000010\n")
     with pytest.raises(UserError, match="step-00000010 belongs to a run of 25 steps, but this config now gives 20"):
         train(load_config(train_yaml()), resume="auto")
 
@@ -451,8 +452,8 @@ def test_a_streak_between_log_steps_is_a_divergence(train_yaml, tmp_path, monkey
     assert not (tmp_path / "run" / "checkpoints").exists()  # nothing is saved from a diverged run
 
 
-def test_logged_train_loss_is_the_window_mean(train_yaml, tmp_path):
-    every = metrics_of(train(load_config(train_yaml("every"))), tmp_path / "every")
+def test_logged_train_loss_is_the_window_mean(train_yaml, tmp_path, tiny_run):
+    every = metrics_of(json.loads((tiny_run / "summary.json").read_text()), tiny_run)  # the same run, logging each step
     windows = metrics_of(train(load_config(train_yaml("windows"), ["log.log_every=5"])), tmp_path / "windows")
     by_step = {r["step"]: r["train_loss"] for r in every}
     assert [r["step"] for r in windows if "train_loss" in r] == [1, 5, 10, 15, 20]

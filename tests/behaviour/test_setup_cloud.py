@@ -73,10 +73,12 @@ def bare_path(tmp_path) -> str:
 
 
 # The checkout's .venv/bin/python in a copy of the scripts: this interpreter, but scripts/setup.sh's torch probe
-# (an import of torch, ~2 s, in every dry run) runs once, in this interpreter, and its answer is replayed
+# (an import of torch, ~2 s, in every dry run) runs once, in this interpreter, and its answer is replayed; pip
+# installs nothing, it appends its arguments to .venv/bin/pip.log
 PYTHON = """#!/bin/bash
 case "${{2:-}}" in
     *torch.cuda.is_available*) [ -s {answer} ] || {python} "$@" >{answer}; cat {answer} ;;
+    pip) echo "${{@:3}}" >>"$(dirname "$0")/pip.log" ;;  # what pip would install, written down instead
     *) exec {python} "$@" ;;
 esac
 """
@@ -211,6 +213,27 @@ def test_a_build_this_plan_installed_is_not_installed_again_but_one_from_before_
         f"{blind} (the check after says why)",
         f"setup: {BUILD} cannot see the GPU with NVIDIA driver 535.129.03: that build goes into .venv, in its place",
     ]
+
+
+def test_setup_installs_again_only_what_changed_and_a_full_install_serves_the_default(tmp_path, checkout):
+    shutil.copy(ROOT / "pyproject.toml", checkout)
+    log = checkout / ".venv" / "bin" / "pip.log"
+
+    def setup(*args) -> list[str]:  # the pip installs one setup.sh run made
+        log.unlink(missing_ok=True)
+        out = subprocess.run(["bash", "scripts/setup.sh", *args], capture_output=True, text=True, cwd=checkout,
+                             env={**os.environ, "PATH": gpu_path(tmp_path, None)})  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        return log.read_text().splitlines() if log.exists() else []
+
+    project = "install --quiet -e .[{}]"
+    assert setup()[0] == project.format("dev")
+    assert setup() == []  # nothing changed: nothing installed
+    assert setup("--full")[0] == project.format("dev,eval")
+    assert setup() == [] and setup("--full") == []  # the full install holds the default one's extras
+    with (checkout / "pyproject.toml").open("a") as f:
+        f.write("\n# a changed dependency list\n")
+    assert setup()[0] == project.format("dev")
 
 
 @pytest.mark.parametrize(

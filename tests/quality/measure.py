@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -107,14 +108,19 @@ def run_tests(ids: list[str], env: dict, timeout: float) -> tuple[str, str | Non
                                 start_new_session=True)  # fmt: skip
         try:
             log, _ = proc.communicate(timeout=timeout)
-            outcome = "passed" if proc.returncode == 0 else "failed"
+            outcome = {0: "passed", 1: "failed", 2: "failed"}.get(proc.returncode, "error")  # 2: collection errors
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
             log, _ = proc.communicate()
             outcome = "timeout"
+        except BaseException:  # stopped (SIGTERM, Ctrl-C): its tests stop too, and the mutated file is put back
+            os.killpg(proc.pid, 9)
+            raise
     failed = [
         line.split(" ", 1)[1].split(" - ", 1)[0] for line in log.splitlines() if line.startswith(("FAILED ", "ERROR "))
     ]
+    if outcome == "failed" and not failed:  # killed, or misused: no test said anything
+        outcome = "error"
     return outcome, (failed[0] if failed else None)
 
 
@@ -143,6 +149,8 @@ def run_mutant(m: dict, data, tests: dict) -> dict:
         if run_tests([failed], env, timeout)[0] == "passed":
             break
         flaky.append(failed)
+    if outcome == "error":
+        raise SystemExit(f"mutation {m['id']}: pytest ended without a verdict (killed or misused); nothing recorded")
     result = {"passed": "survived", "failed": "caught", "timeout": "timeout"}[outcome]
     seconds = round(time.monotonic() - start)
     return {"result": result, "tests": len(selected), "seconds": seconds, "first": failed, "flaky": flaky}
@@ -150,6 +158,8 @@ def run_mutant(m: dict, data, tests: dict) -> dict:
 
 def mutants(out: Path, only: list[str]) -> int:
     from coverage import CoverageData
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill runs the finally that puts the file back
 
     data = CoverageData(basename=str(out / "coverage"))
     data.read()

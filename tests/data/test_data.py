@@ -12,7 +12,7 @@ from conftest import ROOT, write_meta
 from safetensors.numpy import save_file
 
 from gpt.config import ConfigError, config_from_dict
-from gpt.data.tokens import DataError, TokenFile, TrainBatches, open_split, resolve_data_dir
+from gpt.data.tokens import DataError, TokenFile, TrainBatches, check_ids, open_split, resolve_data_dir
 
 
 @pytest.fixture
@@ -237,3 +237,10 @@ def test_a_checkpoint_of_the_earlier_affine_order_is_not_resumed(token_dir):
     del state["order"]  # what the earlier version wrote
     with pytest.raises(DataError, match="cannot resume the data reader: order was 'affine', now 'feistel-6'"):
         reader(token_dir).load_state_dict(state)
+
+
+def test_the_first_token_id_without_an_embedding_is_refused():
+    # ids run 0..vocab_size-1: vocab_size itself is the first one the embedding lacks (on a GPU, a device assert)
+    check_ids(torch.tensor([[0, 255]]), 256, "train.bin")
+    with pytest.raises(DataError, match=r"train.bin: token id 256 is >= model.vocab_size 256"):
+        check_ids(torch.tensor([[0, 256]]), 256, "train.bin")

@@ -272,3 +272,25 @@ def test_the_run_folder_on_a_full_disk_at_the_start_is_one_line(train_yaml, disk
     disk.fill()
     one_line_error(cli("train", cfg), f"{disk.path / 'nospace'}", NO_SPACE)
     assert sorted(p.name for p in disk.path.iterdir()) == ["filler"]  # no run folder, no lock, no temporary file
+
+
+def test_a_replaced_file_reaches_the_disk_before_its_name_does(tmp_path, monkeypatch):
+    # a power cut after the rename must find the new name on whole data, never on blocks still in the page cache
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", str(src), str(dst)))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    target = tmp_path / "result.json"
+    with replacing(target) as tmp:
+        tmp.write_text("{}")
+    assert events == [("fsync", str(tmp)), ("replace", str(tmp), str(target)), ("fsync", str(tmp_path))]
+    assert target.read_text() == "{}"

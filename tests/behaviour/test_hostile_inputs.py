@@ -12,7 +12,7 @@ from conftest import ROOT
 from safetensors.torch import load_file, save_file
 from test_faults import files_of, finished, one_line_error, run_cli, same_weights, weights  # noqa: F401
 
-from gpt.common.errors import QUOTED_LIMIT
+from gpt.common.errors import QUOTED_LIMIT, clipped
 from gpt.common.files import JSON_LIMIT
 from gpt.config import ConfigError, load_config
 from gpt.config.loader import CONFIG_LIMIT, OVERRIDE_LIMIT, YAML_LIMIT
@@ -213,3 +213,9 @@ def test_a_run_named_in_another_script_draws_its_charts_without_warnings(train_y
         assert train(cfg, hooks=standard_hooks(cfg))["status"] == "completed"
     assert [str(w.message) for w in seen if "Glyph" in str(w.message)] == []
     assert all((tmp_path / name / f).stat().st_size > 1000 for f in ("loss.png", "lr.png", "grad_norm.png"))
+
+
+def test_a_quoted_text_is_cut_to_its_limit_exactly():
+    assert clipped("x" * QUOTED_LIMIT) == "x" * QUOTED_LIMIT  # at the limit: whole
+    cut = clipped("x" * (QUOTED_LIMIT + 1))
+    assert len(cut) == QUOTED_LIMIT and cut == "x" * (QUOTED_LIMIT - 3) + "..."

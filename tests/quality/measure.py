@@ -5,7 +5,7 @@
     python tests/quality/measure.py compare BEFORE_DIR AFTER_DIR              # nothing caught before is lost
 
 Run it in a checkout with its ``.venv`` (``bash scripts/setup.sh``), nothing else running; the whole
-suite under coverage takes about an hour on 2 cores, the mutants about as long again. ``coverage`` runs
+suite under coverage takes about half an hour on 2 cores, the mutants about as long again. ``coverage`` runs
 the suite (fast and slow together, unless PYTEST ARGS say otherwise) with ``tests/quality/coveragerc``
 and the ``quality.contexts`` plugin, so every line knows which tests and fixtures ran it, in any Python
 process they started; it writes ``coverage`` (the data), ``coverage.txt`` (the report), ``tests.json``
@@ -13,10 +13,10 @@ and ``summary.json`` into DIR (default ``.quality/``). ``mutants`` applies each 
 ``tests/quality/mutations.yaml`` to its file, runs the tests that ran the mutated lines (and every test
 using a fixture that ran them; for a line run only at import, every test that ran any line of the file),
 quickest first, stopping at the first failure, and puts the file back byte for byte; the result of each
-(caught, survived, timeout, not run: no test ran the line; a test that fails without the mutation too is
-set aside as flaky, and proves nothing) goes into DIR/mutants.json as it lands, so an
-interrupted measurement continues where it stopped. ``compare`` exits 1 if coverage fell or a mutation
-caught before survives after.
+(caught, survived, timeout, flaky, not run: no test ran the line; a failing test counts only if it fails
+again with the mutation and passes without it, else it is set aside as flaky and proves nothing) goes into
+DIR/mutants.json as it lands, so an interrupted measurement continues where it stopped. ``compare`` exits 1
+if coverage fell or a mutation caught before survives after.
 """
 
 from __future__ import annotations
@@ -125,8 +125,9 @@ def run_tests(ids: list[str], env: dict, timeout: float) -> tuple[str, str | Non
 
 
 def run_mutant(m: dict, data, tests: dict) -> dict:
-    """Apply ``m``, run its tests, put the file back. A test that fails is run again on the original file: one
-    that fails there too (a flaky test, a broken one) proves nothing, and the mutant's tests go on without it."""
+    """Apply ``m``, run its tests, put the file back. A catch counts when the first test that failed fails again
+    with the mutation and passes without it; one that does not (a flaky test, a broken one) proves nothing, and
+    the mutant's tests go on without it (after three such, the mutant is "flaky": not caught)."""
     path, text, first, last = locate(m)
     selected = tests_for(data, tests, path, first, last)
     if not selected:
@@ -137,21 +138,28 @@ def run_mutant(m: dict, data, tests: dict) -> dict:
     start = time.monotonic()
     mutated = text.replace(m["find"], m["replace"])
     compile(mutated, str(path), "exec")  # a mutant must still be Python
-    while True:
+
+    def mutant_runs(ids: list[str]) -> tuple[str, str | None]:
         try:
             path.write_text(mutated)
-            outcome, failed = run_tests([t for t in selected if t not in flaky], env, timeout)
+            return run_tests(ids, env, timeout)
         finally:
             path.write_text(text)
             os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the cached bytecode of the original fits again
-        if outcome != "failed" or failed is None or len(flaky) >= 3:
+
+    while True:
+        outcome, failed = mutant_runs([t for t in selected if t not in flaky])
+        if outcome != "failed":
             break
-        if run_tests([failed], env, timeout)[0] == "passed":
+        if mutant_runs([failed])[0] == "failed" and run_tests([failed], env, timeout)[0] == "passed":
             break
         flaky.append(failed)
+        if len(flaky) == 3:
+            outcome = "flaky"
+            break
     if outcome == "error":
         raise SystemExit(f"mutation {m['id']}: pytest ended without a verdict (killed or misused); nothing recorded")
-    result = {"passed": "survived", "failed": "caught", "timeout": "timeout"}[outcome]
+    result = {"passed": "survived", "failed": "caught", "timeout": "timeout", "flaky": "flaky"}[outcome]
     seconds = round(time.monotonic() - start)
     return {"result": result, "tests": len(selected), "seconds": seconds, "first": failed, "flaky": flaky}
 

@@ -4,8 +4,9 @@ Loaded with ``-p quality.contexts`` under ``coverage run`` (the rc file beside t
 setup, call and teardown run under the coverage context ``test:<node id>``, each fixture's setup under
 ``fixture:<where it is defined>::<name>``, and Python processes started meanwhile (``patch =
 subprocess``: train.py under torchrun, the Hub's loader, sweeps) record under the same context, because
-the serialised config they inherit is rewritten with it. ``measure.py mutants`` then runs, for a line it
-mutates, the tests that ran it and every test that uses a fixture that ran it.
+the serialised config they inherit is rewritten with it (also in an ``env`` copied before the test began).
+``measure.py mutants`` then runs, for a line it mutates, the tests that ran it and every test that uses a
+fixture that ran it.
 
 It writes ``tests.json`` into ``$GPT_QUALITY_OUT``: per test its duration and the fixtures it uses.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -41,6 +43,24 @@ def _switch(context: str) -> None:
         config = json.loads(base64.b64decode(serialised))
         config["context"] = context  # a subprocess's static context
         os.environ["COVERAGE_PROCESS_CONFIG"] = base64.b64encode(json.dumps(config).encode()).decode()
+
+
+def _popen_with_context(popen_init):
+    """``subprocess.Popen.__init__`` that hands the running test's context to a child whose ``env`` was copied
+    from ``os.environ`` earlier (a test module's ``ENV = {**os.environ, ...}``, made at import): the copy's
+    serialised config names the context of its making, not of the test that starts the child."""
+
+    def init(self, *args, **kwargs):
+        env, current = kwargs.get("env"), os.environ.get("COVERAGE_PROCESS_CONFIG")
+        if env is not None and current and "COVERAGE_PROCESS_CONFIG" in env:
+            kwargs["env"] = {**env, "COVERAGE_PROCESS_CONFIG": current}
+        popen_init(self, *args, **kwargs)
+
+    return init
+
+
+def pytest_configure(config):
+    subprocess.Popen.__init__ = _popen_with_context(subprocess.Popen.__init__)
 
 
 def fixture_context(fixturedef) -> str:

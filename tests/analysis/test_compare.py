@@ -1064,3 +1064,11 @@ def test_log_every_is_compared_where_a_loss_ceiling_decides_divergence(tmp_path)
     runs = pair(tmp_path / "c", hr_config=ceiling, pt_config={"log": {"log_every": 1}, "train": {"loss_ceiling": 12.0}})
     with pytest.raises(UserError, match=r"log\.log_every: 10 \(hr-s0, hr-s1, hr-s2\); 1 \(pt-s0, pt-s1, pt-s2\)"):
         compare(runs, tmp_path / "out")
+
+
+def test_an_offset_without_its_range_is_one_line(tmp_path, cli):
+    # a range evaluate.py kept is named by its first token and its length: --offset alone names none
+    run = make_run(tmp_path, "a", "dyt", 0, 3.7)
+    out = cli(ROOT / "scripts" / "compare.py", run, "--out", tmp_path / "out", "--offset", "0")
+    assert out.returncode == 2 and "--offset needs --tokens" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "out").exists()

@@ -308,3 +308,27 @@ def test_generate_refuses_a_context_too_short_before_building(capsys):
         "error: --prompt-tokens 32 + --new-tokens 256 exceed model.context_length=128: past it the cache gives "
         "way to a sliding window; --set model.context_length=288 (or more)\n"
     )
+
+
+@pytest.mark.slow
+def test_tokens_per_s_leaves_the_warmup_steps_out(cli, monkeypatch):
+    # a timer that says the warmup step took 9 s and each timed step 0.25 s: tokens/s is a step's tokens / 0.25
+    from gpt.speed import timing
+
+    class FixedTimer:
+        def __init__(self, device):
+            self.steps = 0
+
+        def mark(self):
+            self.steps += 1
+
+        def seconds(self):
+            return [9.0] + [0.25] * (self.steps - 1)
+
+    monkeypatch.setattr(timing, "StepTimer", FixedTimer)
+    args = ["--json", "--data", "synthetic", "--steps", "3", "--warmup", "1", "--set", "model.vocab_size=2048"]
+    out = cli(ROOT / "scripts" / "bench.py", CONFIGS / "tiny.yaml", *args, "--norm-types", "pytorch_layernorm")
+    assert out.returncode == 0, out.stderr[-3000:]
+    (row,) = [json.loads(line) for line in out.stdout.splitlines()]
+    assert row["first_step_s"] == 9.0 and row["ms_per_step"] == 250.0
+    assert row["tokens_per_s"] == row["tokens_per_step"] / 0.25

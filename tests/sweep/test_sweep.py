@@ -79,6 +79,16 @@ def test_sweep_skips_completed_and_resumes_interrupted(grid_cfg, tmp_path, in_pr
     assert [json.loads(line)["step"] for line in (done / "metrics.jsonl").read_text().splitlines()] == list(range(1, 7))
     assert [g["test_loss_mean"] for g in again["groups"]] == [g["test_loss_mean"] for g in result["groups"]]
 
+    # a diverged cell is a result too: a rerun leaves it as it is
+    (done / "summary.json").write_text(
+        json.dumps({**json.loads((done / "summary.json").read_text()), "status": "diverged"})
+    )
+    dyt_metrics = (done / "metrics.jsonl").read_text()
+    lines.clear()
+    run_sweep(grid_cfg, ["pytorch_layernorm", "dyt"], [0], runs, log=lines.append)
+    assert lines[:2] == ["[1/2] grid-pytorch-layernorm-s0: completed, skipped", "[2/2] grid-dyt-s0: diverged, skipped"]
+    assert (done / "metrics.jsonl").read_text() == dyt_metrics
+
 
 def test_dry_run_prints_commands(grid_cfg, tmp_path, cli):
     args = [grid_cfg, "--norm-types", "no_norm", "--seeds", "1", "2", "--nproc", "2", "--runs-dir", tmp_path / "r"]

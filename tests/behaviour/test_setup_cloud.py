@@ -215,6 +215,7 @@ def test_a_build_this_plan_installed_is_not_installed_again_but_one_from_before_
     ]
 
 
+@pytest.mark.slow  # six runs of setup.sh, each ending in an import of torch: ~10 s
 def test_setup_installs_again_only_what_changed_and_a_full_install_serves_the_default(tmp_path, checkout):
     shutil.copy(ROOT / "pyproject.toml", checkout)
     log = checkout / ".venv" / "bin" / "pip.log"

@@ -2,7 +2,7 @@
 
 import torch
 
-from gpt.run.checkpoints import save_checkpoint, step_folders
+from gpt.run.checkpoints import checkpoint_name, read_pointer, save_checkpoint, step_folders
 
 
 def test_retention_keeps_the_last_keep_last_and_the_best_and_no_more(tmp_path):
@@ -11,5 +11,7 @@ def test_retention_keeps_the_last_keep_last_and_the_best_and_no_more(tmp_path):
         save_checkpoint(tmp_path, step, model, state={}, config_yaml="", info={"step": step}, keep_last=2,
                         is_best=step == 10)  # fmt: skip
         kept = [p.name for p in step_folders(tmp_path)]
-        assert kept == sorted({"step-00000010", *(f"step-{s:08d}" for s in (step - 10, step) if s >= 10)}), kept
-    assert (tmp_path / "latest").read_text().strip() == "step-00000050"
+        expected = {checkpoint_name(10), *(checkpoint_name(s) for s in (step - 10, step) if s >= 10)}
+        assert kept == sorted(expected), kept
+    assert read_pointer(tmp_path, "latest") == tmp_path / checkpoint_name(50)
+    assert read_pointer(tmp_path, "best") == tmp_path / checkpoint_name(10)

@@ -229,7 +229,9 @@ try:
 finally:
     start = time.monotonic()
     d.close()
-os.write(1, f"rank {d.rank} left in {time.monotonic() - start:.1f} s\\n".encode())  # one write: print's two interleave
+    # the threads still running: none of the group's (gloo's, the store's) may outlive close into the exit
+    threads = ",".join(sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")))
+os.write(1, f"rank {d.rank} left in {time.monotonic() - start:.1f} s with threads {threads}\\n".encode())  # one write
 """
 
 
@@ -243,10 +245,12 @@ def test_ranks_meet_before_they_leave_and_a_rank_that_failed_alone_is_not_waited
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), how]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**ENV, "PYTHONPATH": str(ROOT)})
     left = sorted(line for line in out.stdout.splitlines() if line.startswith("rank "))
+    # a group kept alive past close was torn down at the interpreter's exit: SIGABRT in ~1 run of 100 (CI saw it)
+    assert all(line.endswith(" with threads python") for line in left), left
     if how == "ok":
         assert out.returncode == 0, out.stderr[-2000:]
         assert [line[:12] for line in left] == ["rank 0 left ", "rank 1 left "]
     else:
         assert out.returncode != 0 and "rank 1 fails alone" in out.stderr
         assert len(left) == 1 and left[0].startswith("rank 0 left in")
-        assert float(left[0].split()[-2]) < 61  # the 60 s bound at most, not the group's 30 minutes
+        assert float(left[0].split()[4]) < 61  # the 60 s bound at most, not the group's 30 minutes

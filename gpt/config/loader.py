@@ -270,6 +270,8 @@ def _build(cls: type, data: Any, prefix: str, sources: dict[str, str], root: str
         raise ConfigError(
             f"{sources.get(prefix.rstrip('.'), root)}: {where}: expected a mapping of keys, got {quoted(data)}"
         )
+    if hasattr(cls, "upgrade"):  # a section written before its keys changed, read with the meaning it had
+        data = cls.upgrade(data)
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     for key in data:

@@ -34,6 +34,8 @@ NORM_TYPES = (
     "handrolled_layernorm_fast",
 )
 NORM_PLACEMENTS = ("pre", "post", "peri")  # where a block's norms sit (model.norm_placement)
+QK_NORMS = ("none", "head", "full")  # what QK-norm normalises over (model.qk_norm)
+NORM_COMPUTE_DTYPES = ("input", "float32")  # what a norm computes in (model.norm_compute_dtype)
 SCHEDULES = ("cosine", "constant", "wsd")
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -123,14 +125,33 @@ class ModelConfig:
     norm_placement: str = opt(
         "pre",
         "where each block's norms sit: pre: x + f(ln(x)) (GPT-2); post: ln(x + f(x)) (the original Transformer); "
-        "peri: x + ln_out(f(ln(x))) (Peri-LN: a norm before and after each sublayer, ln_1_out / ln_2_out); "
-        "the final norm ln_f stays in every placement",
+        "peri: x + ln_out(f(ln(x))) (Peri-LN: a norm before and after each sublayer, ln_1_out / ln_2_out)",
         choices=NORM_PLACEMENTS,
     )
-    qk_norm: bool = opt(
-        False,
-        "QK-norm: a norm of model.norm_type over each head's queries and keys (width d_model / n_heads, "
-        "attn.q_norm / attn.k_norm) before their dot product; keys are cached normalised",
+    final_norm: bool = opt(
+        True,
+        "the norm ln_f before the output head (GPT-2's; false: the head reads the last block's output, as in the "
+        "original post-LN Transformer)",
+    )
+    qk_norm: str = opt(
+        "none",
+        "QK-norm, a norm of model.qk_norm_type over the queries and keys before their dot product (keys cached "
+        "normalised): head: over each head's d_model / n_heads features, one weight shared by the heads (Qwen3, "
+        "Gemma 3); full: over the whole d_model-wide projection before the split into heads (OLMo 2); none. "
+        "true in a config written before, reads as head with qk_norm_type = model.norm_type (what it built)",
+        choices=QK_NORMS,
+    )
+    qk_norm_type: str = opt(
+        "pytorch_rmsnorm",
+        "the norm type of QK-norm (the literature's: RMSNorm), any registered norm type but no_norm",
+        choices=_NormTypeChoices(),
+    )
+    norm_compute_dtype: str = opt(
+        "input",
+        "the dtype a norm computes in under autocast: input: its input's (fp32 on the residual stream; bf16 for "
+        "peri's output norms and QK-norm, where hand-rolled norms then take their statistics in bf16 and PyTorch's "
+        "in fp32); float32: every norm computes in fp32 and returns its input's dtype",
+        choices=NORM_COMPUTE_DTYPES,
     )
     init: str = opt(
         "pytorch",
@@ -157,6 +178,37 @@ class ModelConfig:
                 "n_heads",
                 f"{self.n_heads} does not divide model.d_model={self.d_model}; choose n_heads that divides d_model",
             )
+        # settings that cannot change the model are refused: a sweep would train one model under several names
+        if self.qk_norm != "none" and self.qk_norm_type == "no_norm":
+            fail(("qk_norm", "qk_norm_type"), "qk_norm_type no_norm builds no QK-norm; set model.qk_norm: none")
+        if self.norm_type == "no_norm":
+            same = "the pre-norm no_norm model (no norm to place)"
+            if self.norm_placement != "pre":
+                fail(
+                    ("norm_type", "norm_placement"),
+                    f"norm_placement {self.norm_placement} with norm_type no_norm builds {same}; "
+                    "train no_norm with norm_placement: pre (a sweep of its own)",
+                )
+            if not self.final_norm:
+                fail(("norm_type", "final_norm"), f"final_norm false with norm_type no_norm builds {same}; drop it")
+            if self.norm_compute_dtype != "input" and self.qk_norm == "none":
+                fail(
+                    ("norm_type", "norm_compute_dtype"),
+                    "norm_compute_dtype float32 with norm_type no_norm and no QK-norm computes nothing; drop it",
+                )
+
+    @classmethod
+    def upgrade(cls, data: dict) -> dict:
+        """A model section as written before its keys changed, in today's words with the same meaning:
+        ``qk_norm: true`` was a head-wise QK-norm of model.norm_type, ``false`` none."""
+        if isinstance(data.get("qk_norm"), bool):
+            data = dict(data)
+            if data.pop("qk_norm"):
+                data["qk_norm"] = "head"
+                data.setdefault("qk_norm_type", data.get("norm_type", cls.norm_type))
+            else:
+                data["qk_norm"] = "none"
+        return data
 
 
 @dataclass

@@ -3,10 +3,12 @@
 Built from parts to whole: attention, MLP, block, model. Shapes: B batch, T sequence
 length, C = d_model, V = vocab_size, nh heads of hs = C / nh features each.
 
-Where the norms sit is ``cfg.norm_placement`` (pre, post or peri; see ``Block``), and
-``cfg.qk_norm`` adds a norm over each head's queries and keys (see ``CausalSelfAttention``).
+Where the norms sit is ``cfg.norm_placement`` (pre, post or peri; see ``Block``), whether a final
+norm ``ln_f`` reads the last block's output is ``cfg.final_norm``, and ``cfg.qk_norm`` (none, head,
+full) adds a norm of ``cfg.qk_norm_type`` over the queries and keys (see ``CausalSelfAttention``).
 Every placement keeps the names ``ln_1``, ``ln_2`` and ``ln_f`` and every non-norm parameter's
-name, so the placement changes no other weight's initial value.
+name, so the placement changes no other weight's initial value. ``cfg.norm_compute_dtype`` float32
+makes every norm compute in fp32 under autocast (``normed``).
 
 Initialisation is explicit and per parameter: after construction, every parameter
 that is not part of a norm layer is drawn again from a generator seeded by
@@ -21,8 +23,8 @@ passes neither and takes the plain causal path.
 
 This file is shipped verbatim to the Hub beside ``norms.py`` and ``loss.py`` (the published
 model's remote code wraps this very ``GPT``), so it imports torch and its two siblings only.
-``cfg`` is a ``gpt.config.ModelConfig``, or any object with its fields (without ``norm_placement``
-and ``qk_norm``: pre-norm, no QK-norm, the model as it was before they existed).
+``cfg`` is a ``gpt.config.ModelConfig``, or any object with its fields (without the keys of
+``NORM_LAYOUT``: their defaults, the model as it was before they existed).
 """
 
 from __future__ import annotations
@@ -38,6 +40,40 @@ from .loss import cross_entropy
 from .norms import is_norm, make_norm
 
 NORM_PLACEMENTS = ("pre", "post", "peri")  # model.norm_placement's choices (gpt.config holds a copy)
+QK_NORMS = ("none", "head", "full")  # model.qk_norm's (gpt.config holds a copy)
+# Where and how the norms are applied: each key's value in a config written before it existed (the model it built).
+# A published config.json carries them all (gpt.publish.layouts).
+NORM_LAYOUT = {
+    "norm_placement": "pre",
+    "final_norm": True,
+    "qk_norm": "none",
+    "qk_norm_type": "pytorch_rmsnorm",
+    "norm_compute_dtype": "input",
+}
+
+
+def layout_value(cfg, key: str):
+    """``cfg``'s ``key`` of ``NORM_LAYOUT``, its default where ``cfg`` has none."""
+    value = getattr(cfg, key, None)
+    return NORM_LAYOUT[key] if value is None else value
+
+
+def qk_norm_of(cfg) -> tuple[str, str]:
+    """(what QK-norm normalises over, its norm type). A config written before ``qk_norm_type`` said
+    ``qk_norm: true`` for a head-wise norm of ``norm_type`` and ``false`` for none."""
+    mode = layout_value(cfg, "qk_norm")
+    if isinstance(mode, bool):
+        return ("head", cfg.norm_type) if mode else ("none", "")
+    if mode not in QK_NORMS:
+        raise ValueError(f"unknown qk_norm {mode!r}; valid: {', '.join(QK_NORMS)}")
+    return mode, layout_value(cfg, "qk_norm_type")
+
+
+def normed(norm: nn.Module, x: torch.Tensor, upcast: bool) -> torch.Tensor:
+    """``norm(x)``; with ``upcast`` (model.norm_compute_dtype: float32) computed in float32 and returned in x's
+    dtype. Under autocast a hand-rolled norm otherwise takes its statistics in x's dtype (bf16 for an input
+    that a matmul just wrote) while PyTorch's fused ones compute in fp32: upcasting gives both the same input."""
+    return norm(x.float()).to(x.dtype) if upcast else norm(x)
 
 
 class CausalSelfAttention(nn.Module):
@@ -46,10 +82,12 @@ class CausalSelfAttention(nn.Module):
         self.n_heads = cfg.n_heads
         self.dropout = cfg.dropout
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.qkv_bias)  # q, k, v at once
-        self.qk_norm = bool(getattr(cfg, "qk_norm", False))
-        if self.qk_norm:  # QK-norm: one norm over each head's hs query features, one over its key features
-            self.q_norm = make_norm(cfg, cfg.d_model // cfg.n_heads)
-            self.k_norm = make_norm(cfg, cfg.d_model // cfg.n_heads)
+        self.qk_norm, qk_type = qk_norm_of(cfg)
+        self.upcast = layout_value(cfg, "norm_compute_dtype") == "float32"
+        if self.qk_norm != "none":  # one norm of the queries, one of the keys: per head (hs wide) or over all C
+            width = cfg.d_model // cfg.n_heads if self.qk_norm == "head" else cfg.d_model
+            self.q_norm = make_norm(cfg, width, norm_type=qk_type)
+            self.k_norm = make_norm(cfg, width, norm_type=qk_type)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)  # residual projection
         self.resid_drop = nn.Dropout(cfg.dropout)
 
@@ -58,12 +96,14 @@ class CausalSelfAttention(nn.Module):
         causal over x alone, or, after a cache's S - T tokens, one new token reading them all."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
+        # QK-norm before the cache, so the cached keys are normalised ones; in v's dtype again, as autocast
+        # computes some norms in float32
+        if self.qk_norm == "full":  # over all C features of the projection (OLMo 2)
+            q, k = normed(self.q_norm, q, self.upcast).to(v.dtype), normed(self.k_norm, k, self.upcast).to(v.dtype)
         # (B, T, C) -> (B, nh, T, hs): heads become a batch dimension
         q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in (q, k, v))
-        if self.qk_norm:
-            # before the cache, so the cached keys are normalised ones; in v's dtype again, as autocast
-            # computes some norms in float32
-            q, k = self.q_norm(q).to(v.dtype), self.k_norm(k).to(v.dtype)
+        if self.qk_norm == "head":  # over each head's hs features, one weight for all heads (Qwen3, Gemma 3)
+            q, k = normed(self.q_norm, q, self.upcast).to(v.dtype), normed(self.k_norm, k, self.upcast).to(v.dtype)
         if cache is not None:
             k, v = cache.update(k, v, layer)  # (B, nh, S, hs): the cached tokens', then these
         y = F.scaled_dot_product_attention(
@@ -100,7 +140,8 @@ class Block(nn.Module):
 
     def __init__(self, cfg):
         super().__init__()
-        self.placement = getattr(cfg, "norm_placement", "pre")
+        self.placement = layout_value(cfg, "norm_placement")
+        self.upcast = layout_value(cfg, "norm_compute_dtype") == "float32"
         if self.placement not in NORM_PLACEMENTS:
             raise ValueError(f"unknown norm_placement {self.placement!r}; valid: {', '.join(NORM_PLACEMENTS)}")
         self.ln_1 = make_norm(cfg)
@@ -113,14 +154,17 @@ class Block(nn.Module):
             self.ln_2_out = make_norm(cfg)  # on the MLP's output
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache=None, layer: int = 0) -> torch.Tensor:
+        def n(norm, t):
+            return normed(norm, t, self.upcast)
+
         if self.placement == "post":  # the residual stream itself is normalised after each sum
-            x = self.ln_1(x + self.attn(x, mask, cache, layer))
-            return self.ln_2(x + self.mlp(x))
+            x = n(self.ln_1, x + self.attn(x, mask, cache, layer))
+            return n(self.ln_2, x + self.mlp(x))
         if self.placement == "peri":  # what each sublayer adds is normalised; the stream never is
-            x = x + self.ln_1_out(self.attn(self.ln_1(x), mask, cache, layer))
-            return x + self.ln_2_out(self.mlp(self.ln_2(x)))
-        x = x + self.attn(self.ln_1(x), mask, cache, layer)
-        return x + self.mlp(self.ln_2(x))
+            x = x + n(self.ln_1_out, self.attn(n(self.ln_1, x), mask, cache, layer))
+            return x + n(self.ln_2_out, self.mlp(n(self.ln_2, x)))
+        x = x + self.attn(n(self.ln_1, x), mask, cache, layer)
+        return x + self.mlp(n(self.ln_2, x))
 
 
 class KVCache:
@@ -187,9 +231,10 @@ class GPT(nn.Module):
             self.wpe = nn.Embedding(cfg.context_length, cfg.d_model)  # learned positions
             self.drop = nn.Dropout(cfg.dropout)
             self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-            # the norm before the output head, in every placement: after post-norm it normalises the last
-            # block's normalised output again, and keeps one module tree (and its names) for all three
-            self.ln_f = make_norm(cfg)
+            # the norm before the output head (model.final_norm), in every placement: after post-norm it
+            # normalises the last block's normalised output again; without it the head reads that output
+            self.ln_f = make_norm(cfg) if layout_value(cfg, "final_norm") else nn.Identity()
+            self.upcast = layout_value(cfg, "norm_compute_dtype") == "float32"
             self.lm_head = nn.Linear(cfg.d_model, rows, bias=False)
         if cfg.tie_weights:
             self.lm_head.weight = self.wte.weight
@@ -309,7 +354,7 @@ class GPT(nn.Module):
         x = self.drop(self.wte(idx) + self.wpe(position_ids))  # (B, T, C)
         for i, block in enumerate(self.blocks):
             x = block(x, mask, cache, i)
-        logits = self.lm_head(self.ln_f(x))  # (B, T, V), or (B, T, padded V)
+        logits = self.lm_head(normed(self.ln_f, x, self.upcast))  # (B, T, V), or (B, T, padded V)
         if logits.shape[-1] > self.cfg.vocab_size:
             logits = logits[..., : self.cfg.vocab_size]  # padded logits are never predicted nor scored
         loss = cross_entropy(logits, targets) if targets is not None else None

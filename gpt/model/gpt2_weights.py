@@ -73,11 +73,11 @@ def gpt2_mismatch(cfg: ModelConfig) -> tuple[str, str] | None:
     if cfg.norm_type not in HF_COMPATIBLE_NORMS:
         wrong = f"GPT2LMHeadModel has LayerNorm only, and this model's norm is {cfg.norm_type}"
         return wrong, ", ".join(HF_COMPATIBLE_NORMS)
-    if cfg.norm_placement != "pre" or cfg.qk_norm:
+    if cfg.norm_placement != "pre" or cfg.qk_norm != "none" or not cfg.final_norm:
         return (
-            f"GPT2LMHeadModel is pre-norm without QK-norm, and this model has norm_placement "
-            f"{cfg.norm_placement} and qk_norm {str(cfg.qk_norm).lower()}",
-            "norm_placement pre and qk_norm false",
+            f"GPT2LMHeadModel is pre-norm with a final norm and without QK-norm, and this model has norm_placement "
+            f"{cfg.norm_placement}, final_norm {str(cfg.final_norm).lower()} and qk_norm {cfg.qk_norm}",
+            "norm_placement pre, final_norm true and qk_norm none",
         )
     return None
 

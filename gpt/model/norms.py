@@ -214,15 +214,16 @@ def _param(cfg: Any, p: NormParam) -> Any:
     return p.default if value is None else type(p.default)(value)
 
 
-def make_norm(cfg: Any, dim: int | None = None) -> nn.Module:
-    """Build the norm layer named by ``cfg.norm_type`` (or ``cfg["norm_type"]``).
+def make_norm(cfg: Any, dim: int | None = None, norm_type: str | None = None) -> nn.Module:
+    """Build the norm layer named by ``cfg.norm_type`` (or ``cfg["norm_type"]``), or by ``norm_type`` where
+    given (QK-norm's own type, ``model.qk_norm_type``).
 
-    The width is ``dim`` where given (a QK-norm's is one head's, d_model / n_heads), else
+    The width is ``dim`` where given (a head-wise QK-norm's is one head's, d_model / n_heads), else
     ``d_model`` (``emb_dim`` is accepted for the write-up's dict configs); each of the type's
     parameters is read by its config key (``norm_eps``, ``dyt_alpha_init``), its default where
     the config has none.
     """
-    norm_type = _cfg_get(cfg, "norm_type")
+    norm_type = norm_type or _cfg_get(cfg, "norm_type")
     if norm_type not in NORMS:
         raise ValueError(f"unknown norm_type {norm_type!r}; valid types: {', '.join(NORM_TYPES)}")
     dim = dim or _cfg_get(cfg, "d_model", None) or _cfg_get(cfg, "emb_dim")

@@ -28,6 +28,12 @@ PLACEMENTS = {
     "post": "post-norm (each block: norm(x + f(x)), as the original Transformer)",
     "peri": "peri-norm (each block: x + norm(f(norm(x))), a norm before and after each sublayer)",
 }
+# model.qk_norm in words, of its norm type
+QK_NORM_WORDS = {
+    "none": "no QK-norm",
+    "head": "QK-norm: `{type}` over each head's queries and keys, one weight shared by the heads",
+    "full": "QK-norm: `{type}` over the whole query and key projections, before the split into heads",
+}
 
 
 @dataclass
@@ -112,8 +118,10 @@ def model_lines(cfg: Config, f: CardFacts) -> list[str]:
         f"- GPT-2-style decoder, {m.n_layers} layers, d_model {m.d_model}, {m.n_heads} heads, context "
         f"{m.context_length}, vocabulary {m.vocab_size:,} (GPT-2 BPE): {f.n_params:,} parameters "
         f"({'tied' if m.tie_weights else 'untied'} embeddings, Q/K/V bias {'on' if m.qkv_bias else 'off'}).",
-        f"- Norm layer: **`{m.norm_type}`** (eps {m.norm_eps:g}), {PLACEMENTS[m.norm_placement]}, and before the "
-        "head; " + ("QK-norm: the same norm over each head's queries and keys." if m.qk_norm else "no QK-norm."),
+        f"- Norm layer: **`{m.norm_type}`** (eps {m.norm_eps:g}), {PLACEMENTS[m.norm_placement]}, "
+        + ("and before the head; " if m.final_norm else "none before the head; ")
+        + QK_NORM_WORDS[m.qk_norm].format(type=m.qk_norm_type)
+        + ("; every norm computes in fp32." if m.norm_compute_dtype == "float32" else "."),
         f"- Training: {_fmt(f.step, ',')} steps of {cfg.tokens_per_step:,} tokens ({_fmt(f.tokens, ',')} tokens), "
         f"AdamW (lr {o.lr:g}, betas {o.beta1:g}/{o.beta2:g}, weight decay {o.weight_decay:g}), "
         f"{o.warmup_frac:.0%} linear warmup then {o.schedule} to {o.min_lr:g}, precision "
@@ -226,9 +234,12 @@ def usage_lines(f: CardFacts) -> list[str]:
 
 
 def _variant(cfg: Config) -> str:
-    """Where the norms sit and QK-norm, where they are not the default (pre-norm, no QK-norm)."""
+    """Where and how the norms are applied, where it is not the default (pre-norm, a final norm, no QK-norm)."""
     m = cfg.model
-    words = ([f"{m.norm_placement}-norm"] if m.norm_placement != "pre" else []) + (["QK-norm"] if m.qk_norm else [])
+    words = [f"{m.norm_placement}-norm"] if m.norm_placement != "pre" else []
+    words += [] if m.final_norm else ["no final norm"]
+    words += [f"QK-norm ({m.qk_norm}, {m.qk_norm_type})"] if m.qk_norm != "none" else []
+    words += ["norms in fp32"] if m.norm_compute_dtype == "float32" else []
     return "".join(f", {w}" for w in words)
 
 

@@ -26,7 +26,7 @@ from gpt.common.errors import first_line
 from gpt.common.files import copy_atomically, read_json
 from gpt.config import Config, config_from_dict, config_to_dict
 from gpt.data.tokenizer import EOT_TOKEN
-from gpt.model.gpt import GPT, VOCAB_ROWS
+from gpt.model.gpt import GPT, NORM_LAYOUT, VOCAB_ROWS
 from gpt.model.gpt2_weights import (
     gpt2_mismatch,
     hf_config_kwargs,
@@ -104,8 +104,7 @@ def remote_config(cfg: Config) -> dict:
         "n_layer": m.n_layers,
         "n_head": m.n_heads,
         "norm_type": m.norm_type,
-        "norm_placement": m.norm_placement,
-        "qk_norm": m.qk_norm,
+        **{key: getattr(m, key) for key in NORM_LAYOUT},  # where and how the norms are applied
         **norm_param_values(m),  # every norm parameter of the registry (norm_eps, dyt_alpha_init, ...)
         "qkv_bias": m.qkv_bias,
         "tie_word_embeddings": m.tie_weights,

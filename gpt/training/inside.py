@@ -145,6 +145,8 @@ class StatsProbe:
         def normalised(which):  # with QK-norm: q_norm's output, then k_norm's (the order attention calls them)
             def hook(module, args, out):
                 out = out[:ATTENTION_SEQUENCES].to(args[0].dtype)  # the dtype attention reads them in
+                if out.dim() == 3:  # QK-norm over the whole projection (B, T, C): then split into heads
+                    out = out.view(*out.shape[:2], heads, -1).transpose(1, 2)
                 if which == "q":
                     pending_q.append(out)
                 else:
@@ -163,7 +165,7 @@ class StatsProbe:
         for block in model.blocks:
             handles.append(block.register_forward_pre_hook(resid))
             handles += [getattr(block, n).register_forward_hook(norm_out(n)) for n in block_norms(block)]
-            if block.attn.qk_norm:
+            if block.attn.qk_norm != "none":
                 handles.append(block.attn.q_norm.register_forward_hook(normalised("q")))
                 handles.append(block.attn.k_norm.register_forward_hook(normalised("k")))
             else:

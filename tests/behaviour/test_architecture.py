@@ -403,12 +403,12 @@ def test_the_hub_code_stands_alone():
 
 
 def test_the_choices_a_config_names_are_the_implementations_registries():
-    from gpt.config import NORM_PLACEMENTS, NORM_TYPES, PRECISIONS, SCHEDULES
+    from gpt.config import NORM_PLACEMENTS, NORM_TYPES, PRECISIONS, QK_NORMS, SCHEDULES
     from gpt.model import gpt, loss, norms
     from gpt.training import schedule
 
     assert NORM_TYPES == norms.NORM_TYPES and SCHEDULES == schedule.SCHEDULES and PRECISIONS == loss.PRECISIONS
-    assert NORM_PLACEMENTS == gpt.NORM_PLACEMENTS
+    assert NORM_PLACEMENTS == gpt.NORM_PLACEMENTS and QK_NORMS == gpt.QK_NORMS
 
 
 # ------------------------------------------------------------------ each rule catches its breach

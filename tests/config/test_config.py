@@ -67,14 +67,19 @@ def test_the_per_norm_gpt2_small_files_differ_from_it_only_in_norm():
 def test_the_placement_files_differ_from_gpt2_small_only_in_where_the_norms_sit():
     # docs/studies.md's placement study sweeps these: each changes one thing of the write-up's setup
     base = load_config(CONFIGS / "gpt2-small.yaml")
-    expected = {"placement-post": ("post", False), "placement-peri": ("peri", False), "placement-qknorm": ("pre", True)}
+    expected = {  # (norm_placement, final_norm, qk_norm, qk_norm_type)
+        "placement-post": ("post", False, "none", "pytorch_rmsnorm"),  # the original post-LN: no final norm
+        "placement-peri": ("peri", True, "none", "pytorch_rmsnorm"),
+        "placement-qknorm": ("pre", True, "head", "pytorch_rmsnorm"),  # Qwen3's and Gemma 3's QK-norm
+    }
     files = sorted(CONFIGS.glob("placement-*.yaml"))
     assert sorted(p.stem for p in files) == sorted(expected)
     for path in files:
         cfg = load_config(path)
-        assert (cfg.model.norm_placement, cfg.model.qk_norm) == expected[path.stem]
+        m = cfg.model
+        assert (m.norm_placement, m.final_norm, m.qk_norm, m.qk_norm_type) == expected[path.stem]
         assert cfg.run.name == path.stem
-        model = dataclasses.replace(cfg.model, norm_placement="pre", qk_norm=False)
+        model = dataclasses.replace(cfg.model, norm_placement="pre", final_norm=True, qk_norm="none")
         assert dataclasses.replace(cfg, model=model, run=base.run) == base, path.name
 
 

@@ -1,5 +1,6 @@
-"""Where the norm sits (model.norm_placement: pre, post, peri) and QK-norm (model.qk_norm): each block computes
-its formula, no other weight moves, the default is the model as it was, and the published model builds the same
+"""Where the norm sits (model.norm_placement: pre, post, peri; model.final_norm) and QK-norm (model.qk_norm: none,
+head, full, of model.qk_norm_type): each block computes its formula, no other weight moves, the default is the model
+as it was, a config written with ``qk_norm: true`` builds what it built, and the published model builds the same
 placement through transformers."""
 
 import json
@@ -7,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -15,14 +17,14 @@ import torch.nn as nn
 from synthetic import CONFIGS
 
 from gpt.config import Config, ConfigError, dump_config, load_config
-from gpt.model.gpt import GPT, NORM_PLACEMENTS, KVCache
+from gpt.model.gpt import GPT, NORM_LAYOUT, NORM_PLACEMENTS, QK_NORMS, KVCache
 from gpt.model.norms import NORM_TYPES, DyT, is_norm, make_norm
 from gpt.publish.export import export_checkpoint
 from gpt.publish.hub_api import HubError
 from gpt.publish.layouts import Layout, export_weights, hub_config, load_published
 from gpt.run.checkpoints import save_checkpoint
 
-VARIANTS = [(p, qk) for p in NORM_PLACEMENTS for qk in (False, True)]  # every placement x QK-norm
+VARIANTS = [(p, qk) for p in NORM_PLACEMENTS for qk in QK_NORMS]  # every placement x QK-norm
 FAMILY = {"handrolled_layernorm": "layer", "pytorch_rmsnorm": "rms"}  # a LayerNorm and an RMSNorm member
 
 
@@ -47,12 +49,16 @@ def norm_by_hand(norm: nn.Module, x: torch.Tensor, family: str) -> torch.Tensor:
     return x / torch.sqrt((x * x).mean(-1, keepdim=True) + norm.eps) * norm.weight
 
 
-def heads_by_hand(attn, h: torch.Tensor, family: str):
-    """q, k, v (B, nh, T, hs) of ``h``; q and k normalised per head with QK-norm."""
+def heads_by_hand(attn, h: torch.Tensor, family: str = "rms"):
+    """q, k, v (B, nh, T, hs) of ``h``; with QK-norm (``family``: of model.qk_norm_type, RMSNorm by default) q and
+    k normalised over the whole projection before the split (full, OLMo 2) or over each head's (head, Qwen3)."""
     B, T, C = h.shape
     qkv = h @ attn.qkv.weight.T + (attn.qkv.bias if attn.qkv.bias is not None else 0)
-    q, k, v = (t.reshape(B, T, attn.n_heads, C // attn.n_heads).transpose(1, 2) for t in qkv.split(C, dim=2))
-    if attn.qk_norm:
+    q, k, v = qkv.split(C, dim=2)
+    if attn.qk_norm == "full":
+        q, k = norm_by_hand(attn.q_norm, q, family), norm_by_hand(attn.k_norm, k, family)
+    q, k, v = (t.reshape(B, T, attn.n_heads, C // attn.n_heads).transpose(1, 2) for t in (q, k, v))
+    if attn.qk_norm == "head":
         q, k = norm_by_hand(attn.q_norm, q, family), norm_by_hand(attn.k_norm, k, family)
     return q, k, v
 
@@ -60,7 +66,7 @@ def heads_by_hand(attn, h: torch.Tensor, family: str):
 def attention_by_hand(attn, h: torch.Tensor, family: str) -> torch.Tensor:
     """softmax(q k^T / sqrt(hs)) v under the causal mask, heads merged, then the output projection."""
     B, T, C = h.shape
-    q, k, v = heads_by_hand(attn, h, family)
+    q, k, v = heads_by_hand(attn, h)
     scores = q @ k.transpose(-2, -1) / math.sqrt(C // attn.n_heads)
     scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), -math.inf)
     y = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
@@ -112,9 +118,10 @@ def test_each_block_computes_its_placement_s_formula(tiny_model_cfg, norm_type, 
         assert (model(idx)[0] - logits).abs().max().item() < 1e-10
 
 
+@pytest.mark.parametrize("qk_norm", ["head", "full"])
 @pytest.mark.parametrize("placement", NORM_PLACEMENTS)
-def test_qk_norm_sits_before_the_cache_so_cached_keys_are_normalised(tiny_model_cfg, placement):
-    cfg = tiny_model_cfg(norm_type="handrolled_layernorm", norm_placement=placement, qk_norm=True, context_length=32)
+def test_qk_norm_sits_before_the_cache_so_cached_keys_are_normalised(tiny_model_cfg, placement, qk_norm):
+    cfg = tiny_model_cfg(norm_type="handrolled_layernorm", norm_placement=placement, qk_norm=qk_norm, context_length=32)
     model = jitter_norms(GPT(cfg, seed=4).double().eval())
     idx = torch.randint(0, 97, (2, 10), generator=torch.Generator().manual_seed(7))
     cache = KVCache()
@@ -122,7 +129,7 @@ def test_qk_norm_sits_before_the_cache_so_cached_keys_are_normalised(tiny_model_
         model(idx, cache=cache)
         x = model.wte(idx) + model.wpe(torch.arange(10))
         h = x if placement == "post" else model.blocks[0].ln_1(x)  # what block 0's attention reads
-        _, k, v = heads_by_hand(model.blocks[0].attn, h, "layer")
+        _, k, v = heads_by_hand(model.blocks[0].attn, h)
     assert (cache.layers[0][0] - k).abs().max().item() < 1e-12  # normalised keys: k_norm's output
     assert (cache.layers[0][1] - v).abs().max().item() < 1e-12
     # and with them, generation reads each token once and gives the tokens of reading all again
@@ -148,10 +155,11 @@ def test_non_norm_parameters_are_bitwise_the_same_in_every_placement_and_qk_norm
         owners = {n.rsplit(".", 1)[0] for n in names}
         expected = {o for o in owners if o.split(".")[-1] in ("ln_1", "ln_2", "ln_1_out", "ln_2_out", "ln_f")}
         expected |= {o for o in owners if o.split(".")[-1] in ("q_norm", "k_norm")}
+        assert any(o.endswith("q_norm") for o in expected) == (qk_norm != "none")
         assert {n.rsplit(".", 1)[0] for n in norms} == expected
         assert all(is_norm(model.get_submodule(o)) for o in expected)
         states[placement, qk_norm] = {n: p.detach().clone() for n, p in model.named_parameters() if n not in norms}
-    reference = states["pre", False]
+    reference = states["pre", "none"]
     assert len(reference) == 2 + 2 * 7 + 1  # wte, wpe; 7 linear weights and biases per block; the head
     for variant, state in states.items():
         assert state.keys() == reference.keys(), variant
@@ -167,15 +175,22 @@ def test_the_norms_each_placement_and_qk_norm_add(tiny_model_cfg):
         scalar = 1 if norm_type == "dyt" else 0  # DyT's alpha
         for placement, qk_norm in VARIANTS:
             model = GPT(tiny_model_cfg(norm_type=norm_type, norm_placement=placement, qk_norm=qk_norm))
+            # QK-norm: two RMSNorms (model.qk_norm_type's default) per layer, a head wide or the whole projection
             extra = (2 * L * (per_norm * C + scalar) if placement == "peri" else 0) + (
-                2 * L * (per_norm * hs + scalar) if qk_norm else 0
+                2 * L * {"none": 0, "head": hs, "full": C}[qk_norm]
             )
             assert model.num_params() - base.num_params() == extra, (norm_type, placement, qk_norm)
             assert model.num_params(norms=False) == base.num_params(norms=False)  # the same run length
             assert model.flops_per_token() == base.flops_per_token()  # norms are elementwise, not counted
-    attn = GPT(tiny_model_cfg(norm_type="dyt", qk_norm=True)).blocks[0].attn
+    # the QK-norm's type is its own: RMSNorm whatever the blocks' norm (no_norm's model included), or as set
+    attn = GPT(tiny_model_cfg(norm_type="dyt", qk_norm="head", qk_norm_type="dyt")).blocks[0].attn
     assert isinstance(attn.q_norm, DyT) and attn.q_norm.weight.shape == (hs,) and attn.k_norm.weight.shape == (hs,)
-    assert isinstance(GPT(tiny_model_cfg(norm_type="no_norm", qk_norm=True)).blocks[0].attn.k_norm, nn.Identity)
+    attn = GPT(tiny_model_cfg(norm_type="no_norm", qk_norm="full")).blocks[0].attn
+    assert type(attn.k_norm) is nn.RMSNorm and attn.k_norm.weight.shape == (C,)
+    # without a final norm the head reads the last block: ln_f has no parameters (and no name in the state dict)
+    model = GPT(tiny_model_cfg(norm_type="pytorch_layernorm", final_norm=False))
+    base = GPT(tiny_model_cfg(norm_type="pytorch_layernorm"))
+    assert model.num_params() == base.num_params() - 2 * C and not any(k.startswith("ln_f") for k in model.state_dict())
 
 
 @pytest.mark.parametrize("norm_type", NORM_TYPES)
@@ -228,11 +243,12 @@ BEFORE_KEYS += ["ln_f.weight", "ln_f.bias", "lm_head.weight"]
 
 def test_the_default_is_pre_norm_without_qk_norm_bitwise_as_before(tiny_model_cfg):
     cfg = tiny_model_cfg()
-    assert (cfg.norm_placement, cfg.qk_norm) == ("pre", False)
+    assert {k: getattr(cfg, k) for k in NORM_LAYOUT} == NORM_LAYOUT
+    assert (cfg.norm_placement, cfg.final_norm, cfg.qk_norm, cfg.norm_compute_dtype) == ("pre", True, "none", "input")
     model = jitter_norms(GPT(cfg, seed=11).eval())
     assert list(model.state_dict()) == BEFORE_KEYS
-    # a config without the two fields (as every config was) builds the same model, to the bit
-    fields = {k: v for k, v in vars(cfg).items() if k not in ("norm_placement", "qk_norm")}
+    # a config without the fields (as every config was) builds the same model, to the bit
+    fields = {k: v for k, v in vars(cfg).items() if k not in NORM_LAYOUT}
     before = GPT(SimpleNamespace(**fields, padded_vocab_size=cfg.padded_vocab_size), seed=11).eval()
     before.load_state_dict(model.state_dict())
     idx = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(3))
@@ -256,7 +272,13 @@ def test_the_dry_run_names_placement_and_qk_norm(tmp_path):
 
     for overrides, words in (
         ([], "(pre-norm, QK-norm off)"),
-        (["model.norm_placement=peri", "model.qk_norm=true"], "(peri-norm, QK-norm on)"),
+        (["model.norm_placement=peri", "model.qk_norm=head"], "(peri-norm, QK-norm head pytorch_rmsnorm)"),
+        # as written before qk_norm_type: a head-wise norm of the norm type, what it built then
+        (["model.qk_norm=true", "model.norm_type=dyt"], "(pre-norm, QK-norm head dyt)"),
+        (
+            ["model.final_norm=false", "model.norm_compute_dtype=float32"],
+            "(pre-norm, no final norm, QK-norm off, norms in fp32)",
+        ),
     ):
         cfg = load_config(CONFIGS / "tiny.yaml", [f"run.dir={tmp_path / 'run'}", "train.steps=7", *overrides])
         line = model_summary(cfg, GPT(cfg.model, seed=0)).splitlines()[1]
@@ -266,7 +288,7 @@ def test_the_dry_run_names_placement_and_qk_norm(tmp_path):
 # ------------------------------------------------------------------ published
 
 
-def run_config(tmp_path, norm_type="handrolled_layernorm", placement="pre", qk_norm=False, vocab_size=97) -> Config:
+def run_config(tmp_path, norm_type="handrolled_layernorm", placement="pre", qk_norm="none", vocab_size=97) -> Config:
     cfg = Config()
     cfg.run.name, cfg.run.dir, cfg.train.steps = f"{placement}-{qk_norm}", str(tmp_path / "run"), 10
     m = cfg.model
@@ -284,7 +306,7 @@ def checkpoint(cfg: Config, model: GPT):
     )
 
 
-@pytest.mark.parametrize("placement,qk_norm", [("post", False), ("peri", False), ("pre", True), ("post", True)])
+@pytest.mark.parametrize("placement,qk_norm", [("post", "none"), ("peri", "none"), ("pre", "head"), ("post", "full")])
 def test_native_gpt2_export_refuses_all_but_pre_norm_without_qk_norm(tmp_path, capsys, placement, qk_norm):
     from gpt.commands.push_to_hub import main as push_to_hub
 
@@ -295,9 +317,9 @@ def test_native_gpt2_export_refuses_all_but_pre_norm_without_qk_norm(tmp_path, c
         export_checkpoint(ckpt, folder, "me/native", layout=Layout.NATIVE_GPT2)
     message = str(refused.value)
     assert message == (
-        f"--native-gpt2: GPT2LMHeadModel is pre-norm without QK-norm, and this model has norm_placement {placement} "
-        f"and qk_norm {str(qk_norm).lower()}; publish it with remote code (without --native-gpt2); native: "
-        "norm_placement pre and qk_norm false"
+        "--native-gpt2: GPT2LMHeadModel is pre-norm with a final norm and without QK-norm, and this model has "
+        f"norm_placement {placement}, final_norm true and qk_norm {qk_norm}; publish it with remote code (without "
+        "--native-gpt2); native: norm_placement pre, final_norm true and qk_norm none"
     )
     assert "\n" not in message and not folder.exists()  # nothing written
     # the command says it in one line, before any request to the Hub (offline here: none could be made)
@@ -328,12 +350,13 @@ print(json.dumps(out))
 
 def published(tmp_path, cfg: Config, model: GPT, old_config=False):
     """``model`` exported in the remote-code layout (through a checkpoint, as push_to_hub does); with
-    ``old_config``, its config.json without the two keys, as models published before them."""
+    ``old_config``, its config.json without the keys of where the norms are, as models published before them."""
     folder = tmp_path / f"{cfg.run.name}-export{'-old' if old_config else ''}"
     export_checkpoint(checkpoint(cfg, model), folder, f"me/{cfg.run.name}")
     if old_config:
         config = json.loads((folder / "config.json").read_text())
-        del config["norm_placement"], config["qk_norm"]
+        for key in NORM_LAYOUT:
+            del config[key]
         (folder / "config.json").write_text(json.dumps(config))
     return folder
 
@@ -341,7 +364,7 @@ def published(tmp_path, cfg: Config, model: GPT, old_config=False):
 @pytest.mark.slow
 def test_a_peri_norm_qk_norm_model_reloads_through_transformers_and_generates_the_same(tmp_path):
     ids = torch.randint(0, 97, (2, 6), generator=torch.Generator().manual_seed(8))
-    cfg = run_config(tmp_path, "dyt", "peri", True)
+    cfg = run_config(tmp_path, "dyt", "peri", "full")
     model = jitter_norms(GPT(cfg.model, seed=3).eval())
     pre_cfg = run_config(tmp_path / "pre", "pytorch_rmsnorm")
     pre = jitter_norms(GPT(pre_cfg.model, seed=3).eval())
@@ -351,7 +374,7 @@ def test_a_peri_norm_qk_norm_model_reloads_through_transformers_and_generates_th
     out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     results = json.loads(out.stdout.splitlines()[-1])
-    for folder, ours, placement, qk_norm in ((folders[0], model, "peri", True), (folders[1], pre, "pre", False)):
+    for folder, ours, placement, qk_norm in ((folders[0], model, "peri", "full"), (folders[1], pre, "pre", "none")):
         got = results[str(folder)]
         assert (got["placement"], got["qk_norm"]) == (placement, qk_norm)  # the same placement was built
         with torch.no_grad():
@@ -361,18 +384,23 @@ def test_a_peri_norm_qk_norm_model_reloads_through_transformers_and_generates_th
 
 
 def test_a_published_model_carries_its_placement_in_config_and_card_and_reloads(tmp_path):
-    cfg = run_config(tmp_path, "pytorch_rmsnorm", "peri", True)
+    cfg = run_config(tmp_path, "pytorch_rmsnorm", "peri", "head")
+    cfg.model.qk_norm_type, cfg.model.final_norm = "handrolled_layernorm", False
     model = jitter_norms(GPT(cfg.model, seed=3).eval())
     folder = published(tmp_path, cfg, model)
     config = json.loads((folder / "config.json").read_text())
-    assert (config["norm_placement"], config["qk_norm"]) == ("peri", True)
+    assert {k: config[k] for k in NORM_LAYOUT} == {
+        "norm_placement": "peri", "final_norm": False, "qk_norm": "head", "qk_norm_type": "handrolled_layernorm",
+        "norm_compute_dtype": "input",
+    }  # fmt: skip
     assert hub_config(cfg, Layout.REMOTE_CODE)["norm_placement"] == "peri"
     card = (folder / "README.md").read_text()
-    assert "this one uses `pytorch_rmsnorm`, peri-norm, QK-norm." in card
-    assert "peri-norm (each block: x + norm(f(norm(x))), a norm before and after each sublayer)" in card
-    assert "QK-norm: the same norm over each head's queries and keys." in card
+    assert "this one uses `pytorch_rmsnorm`, peri-norm, no final norm, QK-norm (head, handrolled_layernorm)." in card
+    assert "peri-norm (each block: x + norm(f(norm(x))), a norm before and after each sublayer), none before" in card
+    assert "QK-norm: `handrolled_layernorm` over each head's queries and keys, one weight shared by the heads." in card
     reloaded = load_published(folder)
-    assert reloaded.blocks[0].placement == "peri" and reloaded.blocks[0].attn.qk_norm
+    assert reloaded.blocks[0].placement == "peri" and reloaded.blocks[0].attn.qk_norm == "head"
+    assert isinstance(reloaded.ln_f, nn.Identity) and type(reloaded.blocks[0].attn.q_norm).__name__ == "LayerNorm"
     idx = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert torch.equal(reloaded(idx)[0], model(idx)[0])
@@ -385,7 +413,91 @@ def test_a_published_model_carries_its_placement_in_config_and_card_and_reloads(
 def test_weight_conversion_to_gpt2_refuses_what_gpt2_cannot_compute(tiny_model_cfg):
     from gpt.model.gpt2_weights import hf_config_kwargs, state_dict_to_hf
 
-    cfg = tiny_model_cfg(norm_type="pytorch_layernorm", norm_placement="peri", qk_norm=True)
-    with pytest.raises(ValueError, match="norm_placement peri and qk_norm true; convertible: norm_placement pre and"):
+    cfg = tiny_model_cfg(norm_type="pytorch_layernorm", norm_placement="peri", qk_norm="head")
+    with pytest.raises(ValueError, match="norm_placement peri, final_norm true and qk_norm head; convertible: norm_pl"):
         state_dict_to_hf(GPT(cfg).state_dict(), cfg)
     assert hf_config_kwargs(tiny_model_cfg(norm_type="pytorch_layernorm"))["n_embd"] == 32
+
+
+# ------------------------------------------------------------------ settings that say what they are
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (
+            ["model.norm_type=no_norm", "model.norm_placement=post"],
+            "model.norm_placement: norm_placement post with norm_type no_norm builds the pre-norm no_norm model (no "
+            "norm to place); train no_norm with norm_placement: pre (a sweep of its own)",
+        ),
+        (
+            ["model.norm_placement=peri", "model.norm_type=no_norm"],
+            "model.norm_type: norm_placement peri with norm_type no_norm builds the pre-norm no_norm model",
+        ),
+        (
+            ["model.norm_type=no_norm", "model.final_norm=false"],
+            "model.final_norm: final_norm false with norm_type no_norm builds the pre-norm no_norm model (no norm "
+            "to place); drop it",
+        ),
+        (
+            ["model.qk_norm=head", "model.qk_norm_type=no_norm"],
+            "model.qk_norm_type: qk_norm_type no_norm builds no QK-norm; set model.qk_norm: none",
+        ),
+        (
+            ["model.norm_type=no_norm", "model.norm_compute_dtype=float32"],
+            "model.norm_compute_dtype: norm_compute_dtype float32 with norm_type no_norm and no QK-norm computes "
+            "nothing; drop it",
+        ),
+        (["model.qk_norm=both"], "model.qk_norm: 'both' is not one of: none, head, full"),
+    ],
+)
+def test_settings_that_cannot_change_the_model_are_refused_in_one_line(overrides, message):
+    """Six labels, one model: no_norm under post, peri, without a final norm or in fp32, or a QK-norm of no_norm,
+    would train the same model under another name (a sweep would compare it with itself)."""
+    with pytest.raises(ConfigError) as refused:
+        load_config(CONFIGS / "tiny.yaml", overrides)
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+    # what they would have built is the default no_norm model: the same parameters, bitwise the same logits
+    cfg = load_config(CONFIGS / "tiny.yaml", ["model.norm_type=no_norm"]).model
+    idx = torch.randint(0, cfg.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
+    for changed in ({"norm_placement": "post"}, {"norm_placement": "peri"}, {"final_norm": False}):
+        with torch.no_grad():
+            assert torch.equal(GPT(cfg, seed=1)(idx)[0], GPT(replace(cfg, **changed), seed=1)(idx)[0]), changed
+
+
+def test_a_config_written_with_qk_norm_true_builds_what_it_built(tmp_path):
+    """Before qk_norm_type, ``qk_norm: true`` meant a head-wise norm of model.norm_type: it still does (and false,
+    none); the resolved config a run writes says it in today's words, and reads back the same."""
+    old = tmp_path / "old.yaml"
+    old.write_text(f"extends: {CONFIGS / 'tiny.yaml'}\nmodel:\n  norm_type: dyt\n  qk_norm: true\n")
+    cfg = load_config(old)
+    assert (cfg.model.qk_norm, cfg.model.qk_norm_type) == ("head", "dyt")
+    assert isinstance(GPT(cfg.model).blocks[0].attn.q_norm, DyT)
+    written = tmp_path / "resolved.yaml"
+    written.write_text(dump_config(cfg))
+    assert "qk_norm: head" in written.read_text() and load_config(written) == cfg
+    assert load_config(old, ["model.qk_norm=false"]).model.qk_norm == "none"
+    # a qk_norm_type set beside it is kept
+    assert load_config(old, ["model.qk_norm_type=pytorch_rmsnorm"]).model.qk_norm_type == "pytorch_rmsnorm"
+
+
+@pytest.mark.parametrize("placement,qk_norm", [("pre", "none"), ("peri", "none"), ("pre", "head"), ("peri", "full")])
+def test_norm_compute_dtype_float32_removes_the_hand_rolled_vs_fused_difference_under_bf16_autocast(
+    tiny_model_cfg, placement, qk_norm
+):
+    """Under autocast a hand-rolled norm takes its statistics in its input's dtype: fp32 on the residual stream
+    (pre, post, the final norm), bf16 where a matmul wrote it (peri's output norms, QK-norm), while PyTorch's fused
+    norms compute in fp32. model.norm_compute_dtype float32 gives both the same fp32 input."""
+    differ = {}
+    for dtype in ("input", "float32"):
+        for pair in (("handrolled_layernorm", "pytorch_layernorm"), ("handrolled_rmsnorm", "pytorch_rmsnorm")):
+            kw = dict(norm_placement=placement, qk_norm=qk_norm, norm_compute_dtype=dtype)
+            ours, theirs = (GPT(tiny_model_cfg(norm_type=n, qk_norm_type=n, **kw), seed=1).eval() for n in pair)
+            theirs.load_state_dict(jitter_norms(ours).state_dict())  # the same weights: only the kernels differ
+            idx = torch.randint(0, 97, (4, 16), generator=torch.Generator().manual_seed(0))
+            with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+                a, b = (m(idx)[0].float() for m in (ours, theirs))
+            differ[dtype, pair[0]] = (a != b).float().mean().item()  # the share of logits that differ
+    bf16_inputs = placement == "peri" or qk_norm != "none"
+    for (dtype, _), share in differ.items():
+        assert (share > 0.2) if (bf16_inputs and dtype == "input") else (share < 0.01), differ

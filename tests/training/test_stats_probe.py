@@ -184,10 +184,14 @@ def test_stop_on_names_what_it_can_stop_on(train_yaml):
         load_config(train_yaml("bad"), ["train.stop_on=[loss]"])
 
 
+@pytest.mark.parametrize("qk_norm", ["head", "full"])
 def test_with_qk_norm_the_attention_logits_are_those_of_the_normalised_q_and_k_and_peri_norms_are_measured(
-    tiny_model_cfg,
+    tiny_model_cfg, qk_norm
 ):
-    cfg = tiny_model_cfg(norm_type="handrolled_rmsnorm", norm_placement="peri", qk_norm=True, context_length=8)
+    cfg = tiny_model_cfg(
+        norm_type="handrolled_rmsnorm", norm_placement="peri", qk_norm=qk_norm, qk_norm_type="handrolled_rmsnorm",
+        context_length=8,
+    )  # fmt: skip
     model = GPT(cfg, seed=1)
     g = torch.Generator().manual_seed(2)
     with torch.no_grad():  # gains between 1 and 3, each its own: the q and k norms' gains show in the logits
@@ -205,13 +209,19 @@ def test_with_qk_norm_the_attention_logits_are_those_of_the_normalised_q_and_k_a
         for i, block in enumerate(model.blocks):
             a = block.ln_1(h)
             qkv = block.attn.qkv(a)[: inside.ATTENTION_SEQUENCES]
+            rmsn = lambda t, w: t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + 1e-5) * w[None]  # noqa: E731
+            wq, wk = block.attn.q_norm.weight, block.attn.k_norm.weight
+            qs, ks = qkv[..., :C], qkv[..., C : 2 * C]
+            if qk_norm == "full":  # over the whole projection, before the heads are split
+                qs, ks = torch.stack([rmsn(t, wq) for t in qs]), torch.stack([rmsn(t, wk) for t in ks])
             normed, raw = [], []
             for b in range(qkv.shape[0]):
                 for head in range(heads):
                     q, k = qkv[b, :, head * hs : (head + 1) * hs], qkv[b, :, C + head * hs : C + (head + 1) * hs]
                     raw += [float(q[t] @ k[s]) / math.sqrt(hs) for t in range(8) for s in range(t + 1)]
-                    q = q / torch.sqrt(q.pow(2).mean(-1, keepdim=True) + 1e-5) * block.attn.q_norm.weight[None]
-                    k = k / torch.sqrt(k.pow(2).mean(-1, keepdim=True) + 1e-5) * block.attn.k_norm.weight[None]
+                    q, k = qs[b, :, head * hs : (head + 1) * hs], ks[b, :, head * hs : (head + 1) * hs]
+                    if qk_norm == "head":  # each head's own, one weight for all heads
+                        q, k = rmsn(q, wq), rmsn(k, wk)
                     normed += [float(q[t] @ k[s]) / math.sqrt(hs) for t in range(8) for s in range(t + 1)]
             assert record["attn_logit_max"][i] == pytest.approx(max(normed), rel=1e-5)
             assert record["attn_logit_mean"][i] == pytest.approx(sum(normed) / len(normed), abs=1e-5)

@@ -9,7 +9,10 @@ from transformers import PretrainedConfig
 
 class GPTNormConfig(PretrainedConfig):
     """GPT-2-style decoder whose varying parts are its norm layer (``norm_type``), where the norms sit
-    (``norm_placement``: pre, post, peri) and whether each head's queries and keys are normalised (``qk_norm``)."""
+    (``norm_placement``: pre, post, peri; ``final_norm``) and QK-norm (``qk_norm``: none, head, full, of
+    ``qk_norm_type``; ``true`` / ``false`` in models published before: head-wise of ``norm_type``, or none).
+    Keys a model was published without (``final_norm``, ``qk_norm_type``, ``norm_compute_dtype``) are read with
+    the harness's defaults, the model they built."""
 
     model_type = "gpt_norm"
     attribute_map = {

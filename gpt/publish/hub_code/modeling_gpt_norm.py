@@ -18,7 +18,7 @@ from transformers import DynamicCache, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .configuration_gpt_norm import GPTNormConfig
-from .gpt import GPT
+from .gpt import GPT, NORM_LAYOUT
 from .norms import norm_param_values
 
 
@@ -36,8 +36,8 @@ def harness_model_config(config: GPTNormConfig) -> SimpleNamespace:
         tie_weights=config.tie_word_embeddings,
         init="gpt2",
         norm_type=config.norm_type,
-        norm_placement=config.norm_placement,
-        qk_norm=config.qk_norm,
+        # where and how the norms are applied; a model published before a key existed lacks it: its default
+        **{key: getattr(config, key, None) for key in NORM_LAYOUT},
         **norm_param_values(config),  # norm_eps, dyt_alpha_init, ...: the registry's keys
     )
 

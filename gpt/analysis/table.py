@@ -52,7 +52,7 @@ from gpt.analysis import stats
 from gpt.analysis.charts import INSIDE_SHEET, comparison_charts
 from gpt.analysis.inside import Stats, load_stats
 from gpt.analysis.report import markdown
-from gpt.analysis.selection import LR_KEY, check_select_on, select_rates
+from gpt.analysis.selection import LR_KEY, check_select_on, optimism, select_rates
 from gpt.common.errors import UserError
 from gpt.common.files import write_atomically, write_json
 from gpt.config import NORM_TYPES, flatten
@@ -706,6 +706,7 @@ def compared_groups(
     if select_on is None:
         return (groups, *choose_baseline(groups, baseline), None)
     selection = select_rates(groups, AXIS)
+    selection["optimism"] = optimism(selection, groups)  # the chosen rates' test losses share the choice's runs
     return (*choose_selected(groups, selection, baseline), selection)
 
 
@@ -726,6 +727,7 @@ def compare(
     results: Path | None = None,
     failed: dict[str, str] | None = None,
     select_on: str | None = None,
+    confirmation: dict | None = None,
     plots: bool = True,
 ) -> dict:
     """Write comparison.md, comparison.json, runs.csv and (if ``plots``) the charts into ``out``; return the
@@ -734,7 +736,10 @@ def compare(
     in the report). ``results``: a results table (CSV) to compare instead of run directories. ``failed``: runs
     that ended without a result, each with its error (a sweep's failed cells), named in the report.
     ``select_on="val"``: optim.lr is an axis, each norm type's rate is chosen on validation loss
-    (``gpt.analysis.selection``) and the test losses are compared at the chosen rates only."""
+    (``gpt.analysis.selection``) and the test losses are compared at the chosen rates only; their intervals are
+    then optimistic, and the report says by how much. ``confirmation``: these runs are fresh seeds trained at rates
+    chosen on other runs (``gpt.sweep.confirm``'s record: the selection's folder, seeds and chosen rates), so their
+    intervals are 95% intervals; the report names where the rates came from."""
     for flag, value in (("--equivalence-margin", equivalence_margin), ("--detect", detect)):
         if value is not None and not value > 0:
             raise UserError(f"{flag} {value} must be > 0 (a loss difference, e.g. 0.01)")
@@ -756,6 +761,7 @@ def compare(
         "allowed_to_differ": allowed,
         "varied": vary,
         "selection": selection,
+        "confirmation": confirmation,
         "without_fingerprint": [r.path.name for r in runs if not r.fingerprinted] if results is None else [],
         "failed": [{"run": name, "error": error} for name, error in (failed or {}).items()],
     }

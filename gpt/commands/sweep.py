@@ -4,6 +4,7 @@
         --seeds 0 1 2 [--nproc 8] [--set KEY=VALUE ...] [--dry-run]
     python scripts/sweep.py configs/tiny.yaml --norm-types pytorch_layernorm --init-seeds 0 1 2 --data-seeds 0 1 2
     python scripts/sweep.py configs/tiny.yaml --seeds 0 1 --lrs 7e-4 1.4e-3 2.8e-3    (rates chosen on val)
+    python scripts/sweep.py configs/tiny.yaml --seeds 0 1 --lrs 7e-4 1.4e-3 2.8e-3 --confirm-seeds 2 3 4
     python scripts/sweep.py configs/gpt2-small.yaml --seeds 0 1 2 --launcher slurm --gpus-per-node 8 \
         --time 04:00:00 --partition gpu [--nodes 2] [--slurm-opt KEY=VALUE ...] [--dry-run]
     python scripts/sweep.py configs/gpt2-small.yaml --seeds 0 1 2 --status     (the cells' jobs and progress)
@@ -15,7 +16,10 @@ crossed with every data-order seed (runs/<config>-<norm-type>-i<init>-s<data>), 
 splits each group's seed-to-seed variance between the two. --lrs crosses the grid with learning rates
 (runs/<config>-<norm-type>-lr<rate>-s<seed>, optim.min_lr at the config's ratio to optim.lr unless --set
 fixes it); the comparison then picks each norm type's rate on validation loss and compares the test
-losses at the chosen rates (compare --select-on val). With --launcher slurm, every cell is a task of one
+losses at the chosen rates (compare --select-on val), whose intervals are then optimistic (the report says
+by how much). --confirm-seeds makes it two stages: the grid chooses (runs/<config>-comparison-selection),
+then each chosen rate trains on the fresh confirmation seeds and only those are compared, with 95%
+intervals. With --launcher slurm, every cell is a task of one
 job array (checkpointed and requeued before its time limit) and a last job compares them when they have
 all ended (docs/cluster.md). Rerunning the same command skips finished cells, resumes (or
 leaves running) the others. --dry-run prints the commands or job scripts instead. --push-to-hub USER
@@ -42,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--init-seeds", nargs="+", type=int, metavar="SEED", help="model.init_seed values, crossed with --data-seeds")
     add("--data-seeds", nargs="+", type=int, metavar="SEED", help="train.seed values, crossed with --init-seeds")
     add("--lrs", nargs="+", type=float, metavar="LR", help="optim.lr values, crossed with the grid; chosen on val")
+    add(
+        "--confirm-seeds", nargs="+", type=int, metavar="SEED",
+        help="with --lrs: fresh seeds that train each norm type's chosen rate again; only they are compared",
+    )  # fmt: skip
     add("--nproc", type=int, help="processes per run and node (torchrun when > 1; default 1, or --gpus-per-node)")
     add("--runs-dir", type=Path, default=Path("runs"))
     add_overrides(parser, "a config value of every cell")
@@ -92,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
 
         result = run_sweep(
             args.config, args.norm_types, args.seeds, args.runs_dir, init_seeds=args.init_seeds,
-            data_seeds=args.data_seeds, lrs=args.lrs, nproc=spec.nproc, overrides=args.overrides, out=args.out,
+            data_seeds=args.data_seeds, lrs=args.lrs, confirm_seeds=args.confirm_seeds, nproc=spec.nproc,
+            overrides=args.overrides, out=args.out,
             dry_run=args.dry_run, hooks_for=standard_hooks, **spec.compare_options(),
         )  # fmt: skip
     if result is not None:

@@ -133,3 +133,35 @@ def lay_out(
 def comparison_folder(config: Path, runs_dir: Path, out: Path | None = None) -> Path:
     """Where the sweep's comparison goes: ``out``, or ``<runs_dir>/<config stem>-comparison``."""
     return Path(out) if out is not None else Path(runs_dir) / f"{Path(config).stem}-comparison"
+
+
+def selection_folder(comparison: Path) -> Path:
+    """Where a two-stage sweep's selection (the grid's comparison, which chooses the rates) goes: beside its
+    comparison, ``<comparison>-selection``."""
+    return comparison.with_name(f"{comparison.name}-selection")
+
+
+def check_confirm_seeds(
+    confirm_seeds: list[int] | None, lrs: list[float] | None, seeds: list[int], init_seeds: list[int] | None
+) -> None:
+    """Refuse, before anything runs, confirmation seeds that cannot confirm: without rates to choose, crossed
+    seeds, or a seed the rates were chosen on (its runs would carry the choice's luck)."""
+    if not confirm_seeds:
+        return
+    if not lrs or len(lrs) < 2:
+        raise UserError(
+            "--confirm-seeds trains the rates chosen among --lrs on fresh seeds; give --lrs two or more rates"
+        )
+    if init_seeds is not None:
+        raise UserError(
+            "--confirm-seeds works with --seeds (a seed of both init and data), not --init-seeds/--data-seeds"
+        )
+    if len(set(confirm_seeds)) < 2:
+        seeds_given = " ".join(map(str, confirm_seeds))
+        raise UserError(f"--confirm-seeds needs two or more different seeds for an interval (got {seeds_given})")
+    reused = sorted(set(confirm_seeds) & set(seeds))
+    if reused:
+        raise UserError(
+            f"--confirm-seeds {' '.join(map(str, reused))} also chose the rates (--seeds): confirmation seeds must "
+            "be fresh, or their runs carry the choice's luck"
+        )

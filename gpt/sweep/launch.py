@@ -22,7 +22,8 @@ from gpt.evaluation.held_out import EvalOptions, evaluate_checkpoint
 from gpt.publish.release import outcome_problems, publish_sweep
 from gpt.run.directory import COMPLETED, FINISHED, INTERRUPTED, read_eval_result
 from gpt.run.distributed import setup
-from gpt.sweep.cells import Cell, comparison_folder, lay_out
+from gpt.sweep.cells import Cell, check_confirm_seeds, comparison_folder, lay_out, selection_folder
+from gpt.sweep.spec import SweepSpec
 from gpt.training.loop import train
 
 
@@ -94,6 +95,7 @@ def run_sweep(
     init_seeds: list[int] | None = None,
     data_seeds: list[int] | None = None,
     lrs: list[float] | None = None,
+    confirm_seeds: list[int] | None = None,
     nproc: int = 1,
     overrides: list[str] = (),
     out: Path | None = None,
@@ -110,11 +112,42 @@ def run_sweep(
     ``init_seeds`` x ``data_seeds`` crossed; x ``lrs``, learning rates) in ``runs_dir``, ``nproc`` processes per
     run, and compare the cells into ``out`` (``baseline`` ... ``select_on``: ``gpt.analysis.table.compare``'s
     options); returns the comparison (None for a dry run, which only logs the commands). ``hooks_for(cfg)``: the
-    hooks of a cell trained in this process (``gpt.commands.cli.standard_hooks``)."""
+    hooks of a cell trained in this process (``gpt.commands.cli.standard_hooks``).
+
+    ``confirm_seeds`` (with ``lrs``): two stages. The grid is the selection: compared into ``<out>-selection``,
+    where each norm type's rate is chosen on validation; then each chosen rate is trained on the fresh
+    ``confirm_seeds`` alone, and those runs are compared into ``out`` (95% intervals, free of the choice)."""
+    check_confirm_seeds(confirm_seeds, lrs, seeds, init_seeds)
     cells = lay_out(config, norm_types, seeds, runs_dir, overrides, seeds_for, init_seeds, data_seeds, lrs)
     out = comparison_folder(config, runs_dir, out)
     compare_options = {"baseline": baseline, "equivalence_margin": equivalence_margin,
                        "allow_differ": allow_differ, "vary": vary, "select_on": select_on}  # fmt: skip
+    grid_out = selection_folder(out) if confirm_seeds else out
+    run_cells(config, cells, nproc, dry_run, log, hooks_for)
+    if dry_run:
+        log(shlex.join(compare_command(cells, grid_out, compare_options)))
+        if confirm_seeds:
+            log(
+                f"# then each norm type's rate chosen there, on seeds {' '.join(map(str, confirm_seeds))}: trained, "
+                f"evaluated and compared into {out} (rerun without --dry-run once the selection has run to see them)"
+            )
+        return None
+    result = compare([c.run.path for c in cells], grid_out, **compare_options)
+    if not confirm_seeds:
+        return result
+    spec = SweepSpec(
+        config, list(norm_types), list(seeds), runs_dir=runs_dir, overrides=list(overrides), out=out,
+        baseline=baseline, equivalence_margin=equivalence_margin, allow_differ=list(allow_differ), lrs=lrs,
+        confirm_seeds=confirm_seeds,
+    )  # fmt: skip
+    confirmation = spec.confirmation_cells(spec.chosen_rates(result["selection"]))
+    log(f"confirmation: {len(confirmation)} cell(s) at the chosen rates, seeds {' '.join(map(str, confirm_seeds))}")
+    run_cells(config, confirmation, nproc, False, log, hooks_for)
+    return compare([c.run.path for c in confirmation], out, **spec.confirmation_options(result["selection"]))
+
+
+def run_cells(config: Path, cells: list[Cell], nproc: int, dry_run: bool, log, hooks_for) -> None:
+    """Train (or resume) and evaluate each of ``cells`` that has no result yet; a dry run logs the commands."""
     for i, cell in enumerate(cells, 1):
         status = cell.run.status()
         if dry_run:
@@ -130,10 +163,6 @@ def run_sweep(
             train_cell(config, cell, nproc, hooks_for)
         if cell.run.status() == COMPLETED:
             evaluate_cell(cell, nproc, log, where)
-    if dry_run:
-        log(shlex.join(compare_command(cells, out, compare_options)))
-        return None
-    return compare([c.run.path for c in cells], out, **compare_options)
 
 
 def publish_grid(

@@ -11,7 +11,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpt.analysis.selection import LR_KEY
-from gpt.sweep.cells import MIN_LR_KEY, Cell, comparison_folder, lay_out, min_lr_fixed
+from gpt.common.files import read_json
+from gpt.run.directory import COMPARISON_FILE
+from gpt.sweep.cells import (
+    MIN_LR_KEY,
+    Cell,
+    check_confirm_seeds,
+    comparison_folder,
+    lay_out,
+    min_lr_fixed,
+    selection_folder,
+)
 
 
 @dataclass
@@ -31,24 +41,63 @@ class SweepSpec:
     push_to_hub: str | None = None  # then publish the sweep under this Hub namespace (on SLURM: the comparison job)
     hub_prefix: str | None = None
     lrs: list[float] | None = None  # optim.lr values crossed with the grid; the comparison then selects on val
+    confirm_seeds: list[int] | None = None  # with lrs: fresh seeds trained at each norm type's chosen rate alone
+
+    def __post_init__(self) -> None:
+        check_confirm_seeds(self.confirm_seeds, self.lrs, self.seeds, self.init_seeds)
 
     @classmethod
     def from_args(cls, args, nproc: int) -> SweepSpec:
         names = [f for f in cls.__dataclass_fields__ if f != "nproc"]
         return cls(**{name: getattr(args, name) for name in names}, nproc=nproc)
 
-    def cells(self) -> list[Cell]:
+    def grid_cells(self) -> list[Cell]:
+        """The grid: norm types x seeds (x rates); with ``confirm_seeds``, the selection stage."""
         return lay_out(
             self.config, self.norm_types, self.seeds, self.runs_dir, self.overrides,
             init_seeds=self.init_seeds, data_seeds=self.data_seeds, lrs=self.lrs,
         )  # fmt: skip
 
+    def cells(self) -> list[Cell]:
+        """Every cell known now: the grid, then (two-stage, once the selection has chosen) the confirmation cells.
+        A SLURM task's index points into this list."""
+        return self.grid_cells() + self.confirmation_cells()
+
+    def chosen_rates(self, selection: dict | None = None) -> dict[str, float]:
+        """Each norm type's rate chosen by the selection (its comparison's ``selection``; by default read from
+        the selection folder's comparison.json): {} before it has run, or without ``confirm_seeds``."""
+        if not self.confirm_seeds:
+            return {}
+        if selection is None:
+            path = self.selection_comparison / COMPARISON_FILE
+            if not path.is_file():
+                return {}
+            selection = read_json(path, "the sweep's selection", fix="delete it to choose the rates again")["selection"]
+        return {f["family"]: f["chosen_value"] for f in selection["families"] if f["chosen_value"] is not None}
+
+    def confirmation_cells(self, chosen: dict[str, float] | None = None) -> list[Cell]:
+        """Each norm type's chosen rate x the confirmation seeds (``chosen``: the rates; by default the selection's
+        on disk), in norm-type order; [] before the selection."""
+        chosen = self.chosen_rates() if chosen is None else chosen
+        return [
+            cell
+            for norm in self.norm_types
+            if norm in chosen
+            for cell in lay_out(
+                self.config, [norm], self.confirm_seeds, self.runs_dir, self.overrides, lrs=[chosen[norm]]
+            )
+        ]
+
     @property
     def comparison(self) -> Path:
         return comparison_folder(self.config, self.runs_dir, self.out)
 
+    @property
+    def selection_comparison(self) -> Path:
+        return selection_folder(self.comparison)
+
     def compare_options(self) -> dict:
-        """How the sweep's cells are compared (``gpt.analysis.table.compare``'s options); with ``lrs``, the rate is
+        """How the grid's cells are compared (``gpt.analysis.table.compare``'s options); with ``lrs``, the rate is
         an axis chosen on validation, and optim.min_lr (where it follows the rate) may differ with it."""
         options = {"baseline": self.baseline, "equivalence_margin": self.equivalence_margin,
                    "allow_differ": list(self.allow_differ)}  # fmt: skip
@@ -58,6 +107,24 @@ class SweepSpec:
                 options["allow_differ"].append(MIN_LR_KEY)
         return options
 
+    def confirmation_options(self, selection: dict) -> dict:
+        """How the confirmation cells are compared: by norm type, each at its own rate (optim.lr, and min_lr where
+        it follows, allowed to differ), with the record of where the rates came from."""
+        options = {"baseline": self.baseline, "equivalence_margin": self.equivalence_margin,
+                   "allow_differ": list(dict.fromkeys([*self.allow_differ, LR_KEY]))}  # fmt: skip
+        if not min_lr_fixed(self.overrides) and MIN_LR_KEY not in options["allow_differ"]:
+            options["allow_differ"].append(MIN_LR_KEY)
+        families = [
+            {"family": f["family"], "chosen_value": f["chosen_value"], "edge": f.get("edge"),
+             "grid": [rate["value"] for rate in f["rates"]]}
+            for f in selection["families"]
+        ]  # fmt: skip
+        options["confirmation"] = {
+            "key": LR_KEY, "selection": str(self.selection_comparison), "selection_seeds": list(self.seeds),
+            "confirm_seeds": list(self.confirm_seeds), "families": families,
+        }  # fmt: skip
+        return options
+
     def argv(self) -> list[str]:
         """The sweep command (``python -m gpt.commands.sweep``) that defines this sweep."""
         words = [sys.executable, "-m", "gpt.commands.sweep", str(self.config), "--norm-types", *self.norm_types]
@@ -65,6 +132,7 @@ class SweepSpec:
         for flag, values in (("--init-seeds", self.init_seeds), ("--data-seeds", self.data_seeds)):
             words += [flag, *map(str, values)] if values else []
         words += ["--lrs", *map(repr, map(float, self.lrs))] if self.lrs else []
+        words += ["--confirm-seeds", *map(str, self.confirm_seeds)] if self.confirm_seeds else []
         words += ["--nproc", str(self.nproc), "--runs-dir", str(self.runs_dir)]
         words += [a for o in self.overrides for a in ("--set", o)]
         named = (("--out", self.out), ("--baseline", self.baseline), ("--push-to-hub", self.push_to_hub))

@@ -9,6 +9,7 @@ import pytest
 import torch
 import yaml
 from analysis.test_compare import render_only
+from scipy import stats as scipy_stats
 from synthetic import sized_grid_yaml
 
 from gpt.commands.sweep import build_parser
@@ -138,26 +139,35 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+CONFIRM = [2, 3]  # the confirmation seeds: fresh, so the chosen rates' luck is not in their runs
+
+
 @pytest.mark.slow
-def test_a_learning_rate_sweep_chooses_on_validation(grid_cfg, tmp_path, monkeypatch, one_thread):
+def test_a_two_stage_learning_rate_sweep_chooses_on_validation_and_compares_fresh_seeds(
+    grid_cfg, tmp_path, monkeypatch, one_thread
+):
     """2 norm types x 3 rates x 2 seeds, trained: each norm type's rate is the argmin of its mean last validation
-    loss, read here from the run folders, and its test loss is the chosen rate's. (Run as sweep.py runs it, but
-    without each run's own charts: test_dry_runs_name_the_rates shows the command's options reach run_sweep; and
-    the comparison's charts drawn, not rendered.)"""
+    loss, read here from the run folders, and the selection's test loss is the chosen rate's (its interval marked
+    optimistic). Then each chosen rate alone trains on the confirmation seeds, and the comparison is of those runs
+    alone: its interval is the paired t interval of their differences. (Run as sweep.py runs it, but without each
+    run's own charts: test_dry_runs_name_the_rates shows the command's options reach run_sweep; and the
+    comparison's charts drawn, not rendered.)"""
     render_only(monkeypatch)
     runs = tmp_path / "runs"
     argv = [str(grid_cfg), "--norm-types", *NORMS, "--seeds", *map(str, SEEDS), "--lrs", *map(str, LRS)]
-    spec = spec_of([*argv, "--runs-dir", str(runs)])
-    run_sweep(spec.config, spec.norm_types, spec.seeds, spec.runs_dir, lrs=spec.lrs, log=lambda line: None,
-              **spec.compare_options())  # fmt: skip
-    result = json.loads((runs / "grid-comparison" / "comparison.json").read_text())
+    spec = spec_of([*argv, "--runs-dir", str(runs), "--confirm-seeds", *map(str, CONFIRM)])
+    run_sweep(spec.config, spec.norm_types, spec.seeds, spec.runs_dir, lrs=spec.lrs, confirm_seeds=spec.confirm_seeds,
+              log=lambda line: None, **spec.compare_options())  # fmt: skip
+    selection_folder = runs / "grid-comparison-selection"
+    result = json.loads((selection_folder / "comparison.json").read_text())
     rows = {g["group"]: g for g in result["groups"]}
     assert len(rows) == len(NORMS)
     assert len({f["chosen_value"] for f in result["selection"]["families"]}) == 2  # each norm type its own rate
+    chosen_by_norm = {}
     for norm, family in zip(NORMS, result["selection"]["families"], strict=True):
         folders = {lr: [runs / f"grid-{norm.replace('_', '-')}-lr{lr_text(lr)}-s{s}" for s in SEEDS] for lr in LRS}
         means = {lr: np.mean([last_val_loss(run) for run in folders[lr]]) for lr in LRS}
-        chosen = min(LRS, key=means.get)
+        chosen = chosen_by_norm[norm] = min(LRS, key=means.get)
         assert family["family"] == norm and family["chosen_value"] == chosen
         assert [r["val_loss_mean"] for r in family["rates"]] == pytest.approx([means[lr] for lr in LRS])
         for lr in LRS:
@@ -167,7 +177,48 @@ def test_a_learning_rate_sweep_chooses_on_validation(grid_cfg, tmp_path, monkeyp
             json.loads((find_checkpoint(run) / "eval-test-fp32.json").read_text())["loss"] for run in folders[chosen]
         ]
         assert rows[f"{norm}, optim.lr={chosen}"]["test_loss_mean"] == pytest.approx(np.mean(tests))
+        # a rate at an end of the grid is flagged (at 6 steps pytorch_layernorm's best is the lowest, 3e-2)
+        assert family["edge"] == ("lowest" if chosen == LRS[0] else "highest" if chosen == LRS[-1] else None)
+    assert chosen_by_norm["pytorch_layernorm"] == LRS[0] and chosen_by_norm["dyt"] not in (LRS[0], LRS[-1])
     assert result["baseline"] == f"pytorch_layernorm, optim.lr={result['selection']['families'][0]['chosen_value']}"
     assert result["allowed_to_differ"]["optim.min_lr"]  # the floor followed the rate
-    assert "## Learning rate chosen on validation" in (runs / "grid-comparison" / "comparison.md").read_text()
-    assert (runs / "grid-comparison" / "lr_sensitivity.png").is_file()
+    selection_md = (selection_folder / "comparison.md").read_text()
+    assert "## Learning rate chosen on validation" in selection_md
+    assert "vs baseline (nominal 95% CI, optimistic: rates chosen on these runs)" in selection_md
+    assert "- pytorch_layernorm: the chosen optim.lr 0.03 is the grid's lowest: its best rate may lie below it" in (
+        selection_md
+    )
+    assert (selection_folder / "lr_sensitivity.png").is_file()
+
+    # the confirmation: each chosen rate on the fresh seeds alone, and nothing else
+    confirmed = sorted(p.name for p in runs.iterdir() if p.name.endswith(tuple(f"-s{s}" for s in CONFIRM)))
+    assert confirmed == sorted(
+        f"grid-{norm.replace('_', '-')}-lr{lr_text(lr)}-s{s}" for norm, lr in chosen_by_norm.items() for s in CONFIRM
+    )
+    final = json.loads((runs / "grid-comparison" / "comparison.json").read_text())
+    groups = {g["group"]: g for g in final["groups"]}
+    assert sorted(groups) == sorted(NORMS) and final["selection"] is None
+    test_losses = {}
+    for norm, lr in chosen_by_norm.items():
+        folders = [runs / f"grid-{norm.replace('_', '-')}-lr{lr_text(lr)}-s{s}" for s in CONFIRM]
+        for folder, seed in zip(folders, CONFIRM, strict=True):
+            config = yaml.safe_load((folder / "config.yaml").read_text())
+            assert (config["optim"]["lr"], config["train"]["seed"]) == (pytest.approx(lr), seed)
+        test_losses[norm] = [
+            json.loads((find_checkpoint(f) / "eval-test-fp32.json").read_text())["loss"] for f in folders
+        ]
+        assert groups[norm]["seeds"] == [str(s) for s in CONFIRM]
+        assert groups[norm]["test_loss_mean"] == pytest.approx(np.mean(test_losses[norm]))
+    # the interval is the paired t interval of the confirmation runs' differences, and of nothing else
+    d = np.array(test_losses["dyt"]) - np.array(test_losses["pytorch_layernorm"])
+    half = scipy_stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
+    versus = groups["dyt"]["vs_baseline"]
+    assert (versus["method"], versus["n"]) == ("paired", len(CONFIRM))
+    assert (versus["low"], versus["high"]) == pytest.approx((d.mean() - half, d.mean() + half), rel=1e-9)
+    confirmation = final["confirmation"]
+    assert (confirmation["selection_seeds"], confirmation["confirm_seeds"]) == (SEEDS, CONFIRM)
+    assert {f["family"]: f["chosen_value"] for f in confirmation["families"]} == chosen_by_norm
+    final_md = (runs / "grid-comparison" / "comparison.md").read_text()
+    assert "## Learning rates chosen on other seeds" in final_md and "vs baseline (95% CI)" in final_md
+    assert "optimistic" not in final_md
+    assert "- pytorch_layernorm: the chosen optim.lr 0.03 is the grid's lowest" in final_md

@@ -710,6 +710,13 @@ def compared_groups(
     return (*choose_selected(groups, selection, baseline), selection)
 
 
+def check_margins(equivalence_margin: float | None, detect: float | None) -> None:
+    """Refuse a margin or a difference to detect that is not a positive loss difference."""
+    for flag, value in (("--equivalence-margin", equivalence_margin), ("--detect", detect)):
+        if value is not None and not value > 0:
+            raise UserError(f"{flag} {value} must be > 0 (a loss difference, e.g. 0.01)")
+
+
 def compare(
     paths: list[Path],
     out: Path,
@@ -735,14 +742,9 @@ def compare(
     unless each differing key is named in ``vary`` (a group per value) or ``allow_differ`` (accepted, and said
     in the report). ``results``: a results table (CSV) to compare instead of run directories. ``failed``: runs
     that ended without a result, each with its error (a sweep's failed cells), named in the report.
-    ``select_on="val"``: optim.lr is an axis, each norm type's rate is chosen on validation loss
-    (``gpt.analysis.selection``) and the test losses are compared at the chosen rates only; their intervals are
-    then optimistic, and the report says by how much. ``confirmation``: these runs are fresh seeds trained at rates
-    chosen on other runs (``gpt.sweep.confirm``'s record: the selection's folder, seeds and chosen rates), so their
-    intervals are 95% intervals; the report names where the rates came from."""
-    for flag, value in (("--equivalence-margin", equivalence_margin), ("--detect", detect)):
-        if value is not None and not value > 0:
-            raise UserError(f"{flag} {value} must be > 0 (a loss difference, e.g. 0.01)")
+    ``select_on="val"``: each norm type's optim.lr chosen on validation loss (``gpt.analysis.selection``), test
+    losses compared at it; ``confirmation``: fresh seeds at rates chosen on other runs (its record, for the report)."""
+    check_margins(equivalence_margin, detect)
     check_select_on(select_on, results is not None)
     vary = [*vary, LR_KEY] if select_on is not None and not _named(LR_KEY, vary) else list(vary)
     load = {"which": which, "split": split, "precision": precision, "tokens": tokens, "offset": offset}

@@ -3,8 +3,7 @@
     python scripts/sweep.py configs/gpt2-small.yaml --norm-types handrolled_layernorm pytorch_layernorm \
         --seeds 0 1 2 [--nproc 8] [--set KEY=VALUE ...] [--dry-run]
     python scripts/sweep.py configs/tiny.yaml --norm-types pytorch_layernorm --init-seeds 0 1 2 --data-seeds 0 1 2
-    python scripts/sweep.py configs/tiny.yaml --seeds 0 1 --lrs 7e-4 1.4e-3 2.8e-3    (rates chosen on val)
-    python scripts/sweep.py configs/tiny.yaml --seeds 0 1 --lrs 7e-4 1.4e-3 2.8e-3 --confirm-seeds 2 3 4
+    python scripts/sweep.py configs/tiny.yaml --seeds 0 1 --lrs 7e-4 1.4e-3 2.8e-3 [--confirm-seeds 2 3 4]
     python scripts/sweep.py configs/gpt2-small.yaml --seeds 0 1 2 --launcher slurm --gpus-per-node 8 \
         --time 04:00:00 --partition gpu [--nodes 2] [--slurm-opt KEY=VALUE ...] [--dry-run]
     python scripts/sweep.py configs/gpt2-small.yaml --seeds 0 1 2 --status     (the cells' jobs and progress)
@@ -91,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.in_job == "compare":
         from gpt.sweep import cell_job
 
-        result = cell_job.compare_sweep(spec, folder)  # then published, with --push-to-hub, by the job
+        # then published, with --push-to-hub, by the job (a two-stage sweep's selection: the confirmation submitted)
+        result = cell_job.compare_sweep(spec, folder, SlurmOptions.from_args(args))
     elif args.launcher == "slurm":
         slurm.submit_sweep(spec, folder, SlurmOptions.from_args(args), args.dry_run)
         return 0

@@ -403,8 +403,11 @@ class LogConfig:
     stats_warn_growth: float = opt(
         10.0,
         "early warning when a block's residual RMS or attention-logit max grows past this many times its "
-        "value at the first stats step after warmup (train.stop_on makes it stop the run)",
+        "smallest value over the last log.stats_warn_window stats steps (train.stop_on makes it stop the run)",
         gt=1,
+    )
+    stats_warn_window: int = opt(
+        5, "stats steps the early warning looks back over, from the first one (warmup included)", ge=1
     )
 
 

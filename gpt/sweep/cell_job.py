@@ -20,10 +20,11 @@ import sys
 import threading
 
 from gpt.analysis.table import compare
-from gpt.run.directory import FINISHED
+from gpt.common.files import read_json
+from gpt.run.directory import COMPARISON_FILE, FINISHED
 from gpt.sweep import controller
 from gpt.sweep.launch import evaluate_command, launcher, train_command
-from gpt.sweep.slurm import SweepFolder, has_result
+from gpt.sweep.slurm import SlurmOptions, SweepFolder, has_result, submit_sweep
 from gpt.sweep.spec import SweepSpec
 
 RENDEZVOUS_PORT = 29500
@@ -113,10 +114,27 @@ def run_cell_job(spec: SweepSpec, index: int, folder: SweepFolder) -> int:
     return 1
 
 
-def compare_sweep(spec: SweepSpec, folder: SweepFolder) -> dict:
+def compare_sweep(spec: SweepSpec, folder: SweepFolder, options: SlurmOptions | None = None) -> dict:
     """The comparison of every cell with a run folder; the cells whose job failed (or never left one) are
-    named in it with their error."""
-    cells, failed = spec.cells(), {}
+    named in it with their error. A two-stage sweep's first comparison is the selection: it chooses the rates
+    and, where a chosen rate's confirmation cells have no job yet, submits them and the final comparison
+    (``options``: the cells' SLURM options); the final comparison is of the confirmation cells alone."""
+    if not spec.confirm_seeds:
+        return _compare_cells(spec.grid_cells(), folder, spec.comparison, spec.compare_options())
+    jobs = folder.jobs()["cells"]
+    confirmation = spec.confirmation_cells()
+    if not confirmation or any(c.name not in jobs and not has_result(c) for c in confirmation):
+        result = _compare_cells(spec.grid_cells(), folder, spec.selection_comparison, spec.compare_options())
+        confirmation = spec.confirmation_cells(spec.chosen_rates(result["selection"]))
+        if any(c.name not in jobs and not has_result(c) for c in confirmation):
+            submit_sweep(spec, folder, options or SlurmOptions())
+            return result
+    selection = read_json(spec.selection_comparison / COMPARISON_FILE, "the sweep's selection")["selection"]
+    return _compare_cells(confirmation, folder, spec.comparison, spec.confirmation_options(selection))
+
+
+def _compare_cells(cells: list, folder: SweepFolder, out, options: dict) -> dict:
+    failed = {}
     for cell in cells:
         ends = [e for e in folder.events(cell.name) if e["event"] == "end"]
         if ends and ends[-1]["outcome"] == "failed":
@@ -124,4 +142,4 @@ def compare_sweep(spec: SweepSpec, folder: SweepFolder) -> dict:
         elif not (cell.run.config_file.is_file() and cell.run.metrics_file.is_file()):
             failed[cell.name] = f"no run in {cell.run.path} (its job never trained it)"
     present = [c.run.path for c in cells if c.run.config_file.is_file() and c.run.metrics_file.is_file()]
-    return compare(present, spec.comparison, failed=failed, **spec.compare_options())
+    return compare(present, out, failed=failed, **options)

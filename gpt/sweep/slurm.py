@@ -1,5 +1,9 @@
 """A sweep on a SLURM cluster: each cell one task of a job array, then one comparison job after them all.
 
+A two-stage sweep (``--confirm-seeds``) runs this twice: the grid's array and a comparison job that chooses the
+rates (the selection), which then submits, from inside its job, the confirmation cells at the chosen rates and
+the final comparison after them (so ``sbatch`` must work from a compute node, as on most clusters).
+
 The jobs are plain ``sbatch`` scripts written here (``--dry-run`` prints them), each running the sweep
 command again for its own part (``--in-job cell:INDEX`` or ``--in-job compare``, ``gpt.sweep.cell_job``):
 the same layout of cells, the same trainer and evaluator as a local sweep, so the same bits. Every cell
@@ -76,6 +80,18 @@ class SlurmOptions:
         options = cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
         options.check()
         return options
+
+    def argv(self) -> list[str]:
+        """These options as the sweep command's words (a two-stage sweep's comparison job submits the
+        confirmation cells with the same options)."""
+        words = []
+        for f in fields(self):
+            value, flag = getattr(self, f.name), "--" + f.name.replace("_", "-")
+            if f.name == "slurm_opt":
+                words += [a for opt in value for a in (flag, opt)]
+            elif value is not None and value != f.default:
+                words += [flag, str(value)]
+        return words
 
     def check(self) -> None:
         for name in ("nodes", "signal_seconds"):
@@ -189,7 +205,7 @@ def job_script(
 def submit_sweep(spec: SweepSpec, folder: SweepFolder, options: SlurmOptions, dry_run: bool = False, log=print) -> dict:
     """Submit every cell of ``spec`` that needs a job and the comparison after them; returns ``jobs.json``'s
     record (with ``dry_run``, what would be submitted)."""
-    cells, job_command = spec.cells(), spec.argv()
+    cells, job_command = spec.cells(), [*spec.argv(), *options.argv()]
     if not dry_run:
         controller.require("sbatch", "scontrol")
     jobs = folder.jobs()
@@ -210,7 +226,13 @@ def submit_sweep(spec: SweepSpec, folder: SweepFolder, options: SlurmOptions, dr
     cell_script = job_script("cells", options, f"{stem}-cell", folder, [*job_command, "--in-job"], indices)
     compare_script = job_script("compare", options, f"{stem}-compare", folder, [*job_command, "--in-job", "compare"])
     if dry_run:
-        return dry_run_report(cells, todo, waiting, cell_script, compare_script, indices, log)
+        report = dry_run_report(cells, todo, waiting, cell_script, compare_script, indices, log)
+        if spec.confirm_seeds and not spec.chosen_rates():
+            log(
+                f"then: the comparison job chooses each norm type's rate and submits its cells on seeds "
+                f"{' '.join(map(str, spec.confirm_seeds))} and the final comparison after them"
+            )
+        return report
     for part in ("events", "logs"):
         (folder.path / part).mkdir(parents=True, exist_ok=True)
     if todo:
@@ -230,6 +252,8 @@ def submit_comparison(folder: SweepFolder, script: str, previous: str | None, wa
     """The comparison job's id: the pending one, now waiting for ``waiting`` too, or a new one when cells were
     submitted or no comparison ran to its end."""
     dependency = "afterany:" + ":".join(waiting) if waiting else None
+    if previous is not None and previous == controller.this_job().get("job_id"):
+        previous = None  # a two-stage sweep's selection job submitting the confirmation: it ends, a new one follows
     state = controller.state(previous)
     if state == "PENDING":
         if new:

@@ -11,16 +11,22 @@ On a stats step, after the backward pass and before the optimizer's update (``Tr
    projection's output, or with QK-norm the outputs of q_norm and k_norm) and the output logits;
 2. each block's gradient norm (the all-reduced gradients, before clipping), the embeddings' and the
    head's;
-3. a copy of the weights, so that once the optimizer has stepped, ``||W_after - W_before|| / ||W_before||``.
+3. a copy of the weights, so that once the optimizer has stepped, ``||W_after - W_before|| / ||W_before||``:
+   pooled over each block's parameters (dominated by its big matrices), the largest of its tensors'
+   (``update_ratio_max``), and each norm tensor's own (``ln_1_weight_update_ratio``, ``q_norm_weight_...``,
+   ``ln_f_bias_update_ratio``; null while the tensor is all zeros, a bias at its start).
+
+A record of step t is measured with the weights step t's update starts from (the update ratio: the change that
+update makes), so its activations and gradients are those of the model after t - 1 updates.
 
 Nothing here touches the weights, the gradients or a random number generator, so a run computes the same
 bits with stats on or off; a step that is not a stats step runs no hook and reads nothing back. The
 numbers stay device tensors until ``StatsProbe.take`` reads them all back at once (one wait per stats step).
 
 ``EarlyWarning`` watches the records: a line, once per statistic and block, when a block's residual RMS
-or attention-logit max grows past ``log.stats_warn_growth`` times its value at the first stats step after
-warmup, or any value stops being finite; ``train.stop_on`` names the statistics whose warning also stops
-the run.
+or attention-logit max grows past ``log.stats_warn_growth`` times its smallest value over the last
+``log.stats_warn_window`` stats steps (from the first stats step on), or any value stops being finite;
+``train.stop_on`` names the statistics whose warning also stops the run.
 """
 
 from __future__ import annotations
@@ -35,7 +41,11 @@ ATTENTION_SEQUENCES = 2  # the attention logits are (B, nh, T, T): measured on t
 SATURATION = 2.0  # DyT's tanh(alpha x) is saturated past |alpha x| > 2 (tanh(2) = 0.96)
 # each block's norms (ln_1_out, ln_2_out: peri-norm's, on each sublayer's output); the final one is ln_f
 NORMS = ("ln_1", "ln_2", "ln_1_out", "ln_2_out")
-WATCHED = ("resid_rms", "attn_logit_max")  # the statistics EarlyWarning compares with their value after warmup
+QK_NORMS = ("q_norm", "k_norm")  # QK-norm's, in a block's attention
+WATCHED = ("resid_rms", "attn_logit_max")  # the statistics EarlyWarning compares with their recent values
+# Growth is measured from at least this: near-uniform attention at initialisation has logits of ~1-3, and their
+# first growth (to 20-30 within ten steps, as attention learns where to look) is training, not a blow-up.
+FLOOR = {"attn_logit_max": 5.0}
 
 
 def _rms(t: torch.Tensor) -> torch.Tensor:
@@ -46,6 +56,18 @@ def _norm_sq(tensors) -> torch.Tensor:
     return sum(t.float().pow(2).sum() for t in tensors)
 
 
+def _ratio(p: torch.Tensor, old: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One tensor's update ratio ||p - old|| / ||old|| (NaN where old is all zeros) and whether it was, on the
+    device: read back with the rest."""
+    before = old.float().norm()
+    return (p.float() - old.float()).norm() / before, before == 0
+
+
+def _ratio_value(pair) -> float | None:
+    ratio, zero = pair
+    return None if bool(zero) else float(ratio)
+
+
 class StatsProbe:
     """Rank 0's statistics of one stats step at a time (``measure``, ``after_update``, ``take``)."""
 
@@ -53,6 +75,7 @@ class StatsProbe:
         self.every = every
         self.pending: dict | None = None  # device tensors of the step being measured
         self.before: dict[str, list[torch.Tensor]] | None = None  # each group's weights before the update
+        self.tensor_ratios: dict = {}  # each norm tensor's (update ratio, was it all zeros) of the step measured
 
     def due(self, step: int) -> bool:
         return self.every > 0 and step % self.every == 0
@@ -64,6 +87,7 @@ class StatsProbe:
         out = {f"block{i}": list(b.parameters()) for i, b in enumerate(model.blocks)}
         out["embed"] = [model.wte.weight, model.wpe.weight]
         out["head"] = [model.lm_head.weight]
+        out["ln_f"] = list(model.ln_f.parameters())  # per tensor only (no pooled ratio: it is one norm)
         return out
 
     @torch.no_grad()
@@ -83,7 +107,7 @@ class StatsProbe:
                 model.train(was_training)
         out = {k: torch.stack(v) if len(v) > 1 or k in _PER_BLOCK else v[0] for k, v in stats.items()}
         groups = self.groups(model)
-        grads = {g: _norm_sq([p.grad for p in ps if p.grad is not None]).sqrt() for g, ps in groups.items()}
+        grads = {g: _norm_sq([p.grad for p in ps if p.grad is not None]).sqrt() for g, ps in groups.items() if ps}
         out["grad_norm"] = torch.stack([grads[f"block{i}"] for i in range(len(model.blocks))])
         out["embed_grad_norm"], out["head_grad_norm"] = grads["embed"], grads["head"]
         for name in ("ln_f",):
@@ -100,12 +124,30 @@ class StatsProbe:
     @torch.no_grad()
     def after_update(self, model) -> None:
         """The update ratios, once the optimizer has stepped (a skipped step's are 0)."""
-        ratios = {}
-        for g, ps in self.groups(model).items():
+        ratios, blocks = {}, len(model.blocks)
+        groups = self.groups(model)
+        for g, ps in groups.items():
+            if g == "ln_f":
+                continue
             old = self.before[g]
             ratios[g] = _norm_sq([p - o for p, o in zip(ps, old, strict=True)]).sqrt() / _norm_sq(old).sqrt()
-        self.pending["update_ratio"] = torch.stack([ratios[f"block{i}"] for i in range(len(model.blocks))])
+        self.pending["update_ratio"] = torch.stack([ratios[f"block{i}"] for i in range(blocks)])
         self.pending["embed_update_ratio"], self.pending["head_update_ratio"] = ratios["embed"], ratios["head"]
+        # per tensor: the pooled ratio is the big matrices'; a norm's gain or bias moves at its own rate
+        largest = []
+        for i, block in enumerate(model.blocks):
+            names = [name for name, _ in block.named_parameters()]
+            per = [_ratio(p, o) for p, o in zip(groups[f"block{i}"], self.before[f"block{i}"], strict=True)]
+            largest.append(torch.stack([torch.where(zero, 0.0, r) for r, zero in per]).max())  # of those defined
+            for name, (ratio, zero) in zip(names, per, strict=True):
+                if name.rsplit(".", 1)[0].split(".")[-1] in NORMS + QK_NORMS:
+                    key = f"{name.rsplit('.', 2)[-2]}_{name.rsplit('.', 1)[-1]}_update_ratio"
+                    self.tensor_ratios.setdefault(key, [None] * blocks)[i] = (ratio, zero)
+        for name, p, o in zip(
+            [n for n, _ in model.ln_f.named_parameters()], groups["ln_f"], self.before["ln_f"], strict=True
+        ):
+            self.tensor_ratios[f"ln_f_{name}_update_ratio"] = _ratio(p, o)
+        self.pending["update_ratio_max"] = torch.stack(largest)
         self.before = None
 
     def take(self, step: int, tokens: int) -> dict:
@@ -114,6 +156,9 @@ class StatsProbe:
         record = {"step": step, "tokens": tokens}
         for key, value in pending.items():
             record[key] = value.tolist() if isinstance(value, torch.Tensor) else value
+        for key, value in self.tensor_ratios.items():  # None where the tensor was all zeros (a bias at its start)
+            record[key] = [_ratio_value(v) for v in value] if isinstance(value, list) else _ratio_value(value)
+        self.tensor_ratios = {}
         return record
 
     # -------------------------------------------------------------- the hooks of the extra forward pass
@@ -217,14 +262,16 @@ def attention_logits(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, to
 
 
 class EarlyWarning:
-    """A line when a watched statistic of a block grows past ``growth`` x its value at the first stats step
-    at or after ``warmup`` (its baseline), or when any statistic is not finite; once per (statistic, block).
+    """A line when a watched statistic of a block (``WATCHED``; the attention logits by magnitude) exceeds
+    ``growth`` x its smallest value over the last ``window`` stats steps, or when any statistic is not finite; once
+    per (statistic, block). Counted from the first stats step, warmup included: a run that blows up does it in a
+    few steps, often before warmup ends, and what grows slowly in a healthy run (the residual stream of a
+    pre-norm model, 20x and more over a run) does not grow ``growth``-fold within ``window`` stats steps.
     ``stop_on`` (``train.stop_on``: statistics, or ``nonfinite``) turns such a warning into a stop."""
 
-    def __init__(self, growth: float, warmup: int, stop_on: list[str] = ()):
-        self.growth, self.warmup, self.stop_on = growth, warmup, set(stop_on)
-        self.baseline: dict[str, list[float]] | None = None
-        self.base_step: int | None = None
+    def __init__(self, growth: float, window: int, stop_on: list[str] = ()):
+        self.growth, self.window, self.stop_on = growth, window, set(stop_on)
+        self.recent: dict[tuple[str, int], list[tuple[int, float]]] = {}  # the last window (step, value) of each
         self.said: set[tuple[str, int]] = set()
         self.lines: list[str] = []  # every warning so far, for the summary
         self.stop: str | None = None  # the first warning of a statistic in stop_on
@@ -238,16 +285,26 @@ class EarlyWarning:
             if bad:
                 what = f"{key} of {_where(key, bad[0], values)}" if isinstance(value, list) else key
                 new += self._say("nonfinite", key, bad[0], f"{what} is {values[bad[0]]} at step {step}")
-        if self.baseline is None and step >= self.warmup:
-            self.baseline, self.base_step = {k: list(record[k]) for k in WATCHED if k in record}, step
-        for key, base in (self.baseline or {}).items():
-            for i, (b, v) in enumerate(zip(base, record.get(key, []), strict=False)):
-                if math.isfinite(v) and b > 0 and v > self.growth * b:
-                    text = (
-                        f"{key} of {_where(key, i, base)} grew {v / b:.1f}x since step {self.base_step} "
-                        f"({b:.4g} -> {v:.4g}) at step {step}"
-                    )
-                    new += self._say(key, key, i, text)
+        for key in WATCHED:
+            values = record.get(key) or []
+            for i, v in enumerate(values):
+                if not isinstance(v, (int, float)) or not math.isfinite(v):
+                    continue
+                v = abs(v)  # a run that blew up can have every logit hugely negative
+                recent = self.recent.setdefault((key, i), [])
+                if recent:
+                    base_step, base = min(recent, key=lambda sv: sv[1])
+                    since = f"step {base_step}"
+                    if base < FLOOR.get(key, 0.0):
+                        base, since = FLOOR[key], f"its floor {FLOOR[key]:g}"
+                    if base > 0 and v > self.growth * base:
+                        text = (
+                            f"{key} of {_where(key, i, values)} grew {v / base:.1f}x since {since} "
+                            f"({base:.4g} -> {v:.4g}) at step {step}"
+                        )
+                        new += self._say(key, key, i, text)
+                recent.append((step, v))
+                del recent[: -self.window]
         return new
 
     def _say(self, kind: str, key: str, i: int, text: str) -> list[str]:

@@ -350,8 +350,8 @@ class Trainer:
         )
         if dist.is_main and cfg.log.stats_every:
             self.probe = StatsProbe(cfg.log.stats_every)
-            self.warning = EarlyWarning(cfg.log.stats_warn_growth, self.warmup, cfg.train.stop_on)
-            for record in self.run.stats():  # a resumed run: the baseline and what was said, as before
+            self.warning = EarlyWarning(cfg.log.stats_warn_growth, cfg.log.stats_warn_window, cfg.train.stop_on)
+            for record in self.run.stats():  # a resumed run: the recent values and what was said, as before
                 self.warning.check(record)
 
     def open_run(self) -> list[str]:

@@ -222,3 +222,36 @@ def test_a_two_stage_learning_rate_sweep_chooses_on_validation_and_compares_fres
     assert "## Learning rates chosen on other seeds" in final_md and "vs baseline (95% CI)" in final_md
     assert "optimistic" not in final_md
     assert "- pytorch_layernorm: the chosen optim.lr 0.03 is the grid's lowest" in final_md
+
+
+def test_confirmation_seeds_are_refused_in_one_line_where_they_cannot_confirm(grid_cfg, tmp_path, capsys):
+    runs = tmp_path / "r"
+    base = [str(grid_cfg), "--norm-types", "dyt", "--seeds", "0", "1", "--runs-dir", str(runs)]
+    for extra, message in (
+        (["--lrs", "3e-3", "1e-2", "--confirm-seeds", "1", "2"],
+         "--confirm-seeds 1 also chose the rates (--seeds): confirmation seeds must be fresh, or their runs carry "
+         "the choice's luck"),
+        (["--confirm-seeds", "2", "3"],
+         "--confirm-seeds trains the rates chosen among --lrs on fresh seeds; give --lrs two or more rates"),
+        (["--lrs", "3e-3", "1e-2", "--confirm-seeds", "2", "2"],
+         "--confirm-seeds needs two or more different seeds for an interval (got 2 2)"),
+    ):  # fmt: skip
+        assert sweep_main([*base, *extra]) == 2
+        assert capsys.readouterr().err == f"error: {message}\n" and not runs.exists()
+
+
+def test_a_two_stage_dry_run_names_both_stages_and_the_command_line_round_trips(grid_cfg, tmp_path, capsys):
+    runs = tmp_path / "r"
+    base = [str(grid_cfg), "--norm-types", "dyt", "--seeds", "0", "1", "--lrs", "3e-3", "1e-2", "--runs-dir", str(runs)]
+    spec = spec_of([*base, "--confirm-seeds", "4", "5"])
+    words = spec.argv()
+    assert words[words.index("--confirm-seeds") : words.index("--confirm-seeds") + 3] == ["--confirm-seeds", "4", "5"]
+    assert spec_of(words[3:]) == spec and spec.cells() == spec.grid_cells() != []  # no rate chosen yet
+    assert sweep_main([*base, "--confirm-seeds", "4", "5", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert f"--out {runs / 'grid-comparison-selection'} " in lines[-2] and lines[-2].endswith("--select-on val")
+    assert lines[-1].startswith("# then each norm type's rate chosen there, on seeds 4 5: trained, evaluated and ")
+    assert sweep_main([*base, "--confirm-seeds", "4", "5", "--launcher", "slurm", "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert "#SBATCH --array=0,1,2,3" in printed and not runs.exists()
+    assert "then: the comparison job chooses each norm type's rate and submits its cells on seeds 4 5" in printed

@@ -14,6 +14,7 @@ from synthetic import sized_grid_yaml
 
 from gpt.run.directory import find_checkpoint
 from gpt.sweep import controller
+from gpt.sweep.cells import lr_text
 
 NORMS, SEEDS = ["pytorch_layernorm", "no_norm"], ["0"]
 CELLS = [f"slurmgrid-{n.replace('_', '-')}-s{s}" for n in NORMS for s in SEEDS]
@@ -205,3 +206,39 @@ def test_slurm_options_a_user_gets_wrong_are_one_line_before_anything_is_submitt
     assert (done.returncode, done.stderr.count("\n")) == (2, 1), done.stderr
     assert done.stderr.startswith(message)
     assert not (tmp_path / "runs").exists()  # nothing written
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.serial
+def test_a_two_stage_sweep_on_slurm_submits_the_confirmation_from_the_selection_job(
+    slurm_cluster, train_yaml, tmp_path
+):
+    """--lrs with --confirm-seeds: the grid's array, then a comparison job that chooses the rates and submits,
+    from inside its job, the confirmation cells (each chosen rate on the fresh seeds) and the final comparison."""
+    config = sized_grid_yaml(train_yaml("stages"), steps=6, checkpoint_every=6, eval_every=6)
+    lrs, confirm = ["3e-2", "1e-1"], ["2", "3"]
+    env = {**slurm_cluster.env, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    argv = [sys.executable, "-m", "gpt.commands.sweep", str(config), "--norm-types", *NORMS, "--seeds", "0", "1"]
+    argv += ["--lrs", *lrs, "--confirm-seeds", *confirm, "--launcher", "slurm", "--time", "00:10:00"]
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    runs = tmp_path / "runs"
+    first = json.loads((runs / "stages-slurm" / "jobs.json").read_text())
+    assert len(first["cells"]) == 2 * 2 * 2  # the grid alone: the rates are not chosen yet
+    final = runs / "stages-comparison" / "comparison.json"
+    slurm_cluster.wait_until(final.is_file, 600, "the final comparison")
+    jobs = json.loads((runs / "stages-slurm" / "jobs.json").read_text())
+    assert jobs["compare"] != first["compare"] and slurm_cluster.state(first["compare"]) == "COMPLETED"
+    selection = json.loads((runs / "stages-comparison-selection" / "comparison.json").read_text())["selection"]
+    chosen = {f["family"]: f["chosen_value"] for f in selection["families"]}
+    expected = [f"stages-{n.replace('_', '-')}-lr{lr_text(chosen[n])}-s{s}" for n in NORMS for s in confirm]
+    assert sorted(set(jobs["cells"]) - set(first["cells"])) == sorted(expected)  # the confirmation, and no more
+    result = json.loads(final.read_text())
+    assert result["confirmation"]["confirm_seeds"] == [2, 3] and result["selection"] is None
+    for group in result["groups"]:
+        assert group["seeds"] == confirm
+        folders = [runs / f"stages-{group['group'].replace('_', '-')}-lr{lr_text(chosen[group['group']])}-s{s}"
+                   for s in confirm]  # fmt: skip
+        losses = [json.loads((find_checkpoint(f) / "eval-test-fp32.json").read_text())["loss"] for f in folders]
+        assert group["test_loss_mean"] == pytest.approx(sum(losses) / len(losses))

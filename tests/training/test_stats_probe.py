@@ -128,23 +128,46 @@ def test_gradient_norms_and_update_ratios_equal_two_copies_of_the_weights(steppe
         assert record["update_ratio"][i] == pytest.approx(delta / weight, rel=1e-5)
     head = (after["lm_head.weight"].detach() - before["lm_head.weight"]).norm() / before["lm_head.weight"].norm()
     assert record["head_update_ratio"] == pytest.approx(head.item(), rel=1e-5)
+    # per tensor: each norm tensor's own ratio (DyT: weight, bias, alpha), the largest tensor's per block
+    ratio = {n: ((after[n].detach() - before[n]).norm() / before[n].norm()).item() for n in before}
+    for i in range(3):
+        for norm in ("ln_1", "ln_2"):
+            for param in ("weight", "alpha"):
+                key, name = f"{norm}_{param}_update_ratio", f"blocks.{i}.{norm}.{param}"
+                assert record[key][i] == pytest.approx(ratio[name], rel=1e-5)
+            assert record[f"{norm}_bias_update_ratio"][i] is None  # zeros before the update: no ratio
+        block = [v for n, v in ratio.items() if n.startswith(f"blocks.{i}.") and math.isfinite(v)]
+        assert record["update_ratio_max"][i] == pytest.approx(max(block), rel=1e-5)
+        assert record["update_ratio_max"][i] > 2 * record["update_ratio"][i]  # the pooled ratio hides it
+    assert record["ln_f_weight_update_ratio"] == pytest.approx(ratio["ln_f.weight"], rel=1e-5)
+    assert record["ln_f_bias_update_ratio"] is None
     assert record["loss_scale"] is None and (record["step"], record["tokens"]) == (1, 24)
 
 
 def test_early_warning_says_a_statistic_once_names_block_and_step_and_stops_only_when_asked():
-    warn = EarlyWarning(growth=10, warmup=4, stop_on=[])
-    assert warn.check({"step": 2, "resid_rms": [1.0, 50.0], "attn_logit_max": [1.0]}) == []  # before warmup
-    assert warn.check({"step": 4, "resid_rms": [1.0, 2.0], "attn_logit_max": [3.0]}) == []  # the baseline
-    said = warn.check({"step": 6, "resid_rms": [1.0, 25.0], "attn_logit_max": [3.0]})
-    assert said == ["early warning: resid_rms of the final norm's input grew 12.5x since step 4 (2 -> 25) at step 6"]
-    assert warn.check({"step": 8, "resid_rms": [1.0, 99.0], "attn_logit_max": [3.0]}) == []  # said once
+    warn = EarlyWarning(growth=10, window=3, stop_on=[])
+    assert warn.check({"step": 1, "resid_rms": [1.0, 2.0], "attn_logit_max": [3.0]}) == []  # the first stats step
+    said = warn.check({"step": 2, "resid_rms": [1.0, 25.0], "attn_logit_max": [3.0]})  # warmup or not: said
+    assert said == ["early warning: resid_rms of the final norm's input grew 12.5x since step 1 (2 -> 25) at step 2"]
+    assert warn.check({"step": 3, "resid_rms": [1.0, 990.0], "attn_logit_max": [3.0]}) == []  # said once
     assert warn.stop is None
-    assert warn.check({"step": 10, "resid_rms": [1.0, 9.0], "grad_norm": [math.inf]}) == [
-        "early warning: grad_norm of block 0 is inf at step 10"
+    assert warn.check({"step": 4, "resid_rms": [1.0, 9.0], "grad_norm": [math.inf]}) == [
+        "early warning: grad_norm of block 0 is inf at step 4"
     ]
-    stopper = EarlyWarning(growth=10, warmup=0, stop_on=["attn_logit_max"])
-    stopper.check({"step": 1, "resid_rms": [1.0], "attn_logit_max": [1.0, 1.0]})
-    stopper.check({"step": 2, "resid_rms": [30.0], "attn_logit_max": [1.0, 11.0]})
+    # growth against the smallest of the last 3 stats steps: 1.5x a step is 57x over ten steps, and no warning
+    slow = EarlyWarning(growth=10, window=3)
+    assert [line for i in range(11) for line in slow.check({"step": i, "resid_rms": [1.5**i]})] == []
+    # ... but 12x the window's smallest is, whichever of its steps that was; and the window moves on
+    dip = EarlyWarning(growth=10, window=3)
+    for step, v in ((1, 5.0), (2, 1.0), (3, 2.0), (4, 3.0), (5, 4.0)):
+        assert dip.check({"step": step, "attn_logit_max": [v]}) == []
+    assert dip.check({"step": 6, "attn_logit_max": [15.0]}) == []  # 15x step 2's 1.0, which has left the window
+    assert dip.check({"step": 7, "attn_logit_max": [-60.0]}) == [  # a blown-up run's logits: by magnitude
+        "early warning: attn_logit_max of block 0 grew 12.0x since its floor 5 (5 -> 60) at step 7"
+    ]  # growth from attention's first logits (~1-3 at initialisation) is measured from 5
+    stopper = EarlyWarning(growth=10, window=5, stop_on=["attn_logit_max"])
+    stopper.check({"step": 1, "resid_rms": [1.0], "attn_logit_max": [6.0, 6.0]})
+    stopper.check({"step": 2, "resid_rms": [30.0], "attn_logit_max": [6.0, 66.0]})
     assert stopper.stop.startswith("early warning: attn_logit_max of block 1 grew 11.0x since step 1")
     assert stopper.stop.endswith("at step 2 (train.stop_on: attn_logit_max)")
 

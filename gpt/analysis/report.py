@@ -15,8 +15,24 @@ from gpt.analysis.selection import edge_line
 from gpt.evaluation.tasks import TASKS
 from gpt.run.directory import STATS_FILE
 
+MARKDOWN_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", "|": "\\|", "\n": "\\n", "\r": "\\r"})
+
+
+def escaped(value):
+    """``value`` (a result, as JSON holds it) with every string safe in a Markdown table cell: no raw HTML, no
+    ``|`` that splits a cell, no line break that ends a row (shown as \\n). Group names and config values are a
+    user's text."""
+    if isinstance(value, str):
+        return value.translate(MARKDOWN_ESCAPES)
+    if isinstance(value, dict):
+        return {escaped(k) if isinstance(k, str) else k: escaped(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [escaped(v) for v in value]
+    return value
+
 
 def markdown(result: dict) -> str:
+    result = escaped(result)  # everything below formats the result's text into Markdown as it stands
     lines = [f"# Comparison (baseline: {result['baseline']})", ""]
     if result.get("baseline_rule"):
         lines += [f"Baseline: {result['baseline_rule']}.", ""]

@@ -18,12 +18,16 @@ its own ``runs.csv`` in this form, so the two routes can be checked against each
 from __future__ import annotations
 
 import csv
+import io
 import math
 from pathlib import Path
 
-from gpt.common.errors import UserError
+from gpt.common.errors import UserError, clipped
 from gpt.common.files import replacing
 
+MAX_BYTES = 64 * 2**20  # a results table's size at most (a million runs' rows are ~50 MiB)
+MAX_ROWS = 1_000_000  # and its rows
+MAX_FIELD = 4096  # characters in one field (a group name, a number)
 REQUIRED = ("group", "init_seed", "data_seed", "test_loss")
 OPTIONAL = ("status",)
 DEFAULT_TASK = "metrics"  # the task of a metric column without a dot
@@ -37,7 +41,11 @@ def _number(text: str, where: str, column: str) -> float | None:
     except ValueError:
         value = math.nan
     if not math.isfinite(value):
-        raise UserError(f"{where}: {column} is {text!r}, not a finite number; write a number, or leave it empty")
+        raise UserError(
+            f"{where}: {column} is {clipped(repr(text))}, not a finite number; write a number, or leave it empty"
+        )
+    if column == "test_loss" and value < 0:
+        raise UserError(f"{where}: test_loss is {text}, below 0; a cross-entropy is >= 0 (nats per token)")
     return value
 
 
@@ -45,7 +53,7 @@ def _seed(text: str, where: str, column: str) -> int:
     try:
         return int(text)
     except ValueError:
-        raise UserError(f"{where}: {column} is {text!r}, not an integer seed") from None
+        raise UserError(f"{where}: {column} is {clipped(repr(text))}, not an integer seed") from None
 
 
 def read_results(path: Path) -> list[dict]:
@@ -53,10 +61,22 @@ def read_results(path: Path) -> list[dict]:
     "tasks": {task: {metric: value}}}``. A file that is not such a table is one line naming what is wrong."""
     path = Path(path)
     try:
+        size = path.stat().st_size
+        if size > MAX_BYTES:
+            raise UserError(
+                f"--results {path}: {size:,} bytes, more than a results table may hold ({MAX_BYTES:,}); compare "
+                "a table of the runs themselves (one row each)"
+            )
         text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"--results {path}: cannot read it ({type(e).__name__}: {e})") from None
-    reader = csv.DictReader(text.splitlines())
+        raise UserError(f"--results {path}: cannot read it ({type(e).__name__}: {clipped(str(e))})") from None
+    try:
+        return _rows(path, csv.DictReader(io.StringIO(text, newline="")))
+    except csv.Error as e:  # a field past the csv module's limit, a NUL byte
+        raise UserError(f"--results {path}: not a CSV table ({clipped(str(e))})") from None
+
+
+def _rows(path: Path, reader: csv.DictReader) -> list[dict]:
     columns = [c.strip() for c in reader.fieldnames or []]
     missing = [c for c in REQUIRED if c not in columns]
     if missing:
@@ -69,13 +89,20 @@ def read_results(path: Path) -> list[dict]:
     metrics = [c for c in columns if c not in REQUIRED + OPTIONAL]
     rows, seen = [], {}
     for line, raw in enumerate(reader, start=2):
+        if line - 1 > MAX_ROWS:
+            raise UserError(f"--results {path}: more than {MAX_ROWS:,} rows; a results table has one row per run")
         row = {k.strip(): (v or "") for k, v in raw.items() if k is not None}
         if None in raw:
             raise UserError(f"{path}:{line}: more values than columns")
+        long = next((k for k, v in row.items() if len(v) > MAX_FIELD), None)
+        if long is not None:
+            raise UserError(f"{path}:{line}: {clipped(long)} is {len(row[long]):,} characters, over {MAX_FIELD:,}")
         where = f"{path}:{line}"
         group = row["group"].strip()
         if not group:
             raise UserError(f"{where}: the group is empty")
+        if not group.isprintable():
+            raise UserError(f"{where}: the group {clipped(repr(group))} has a line break or control character")
         cell = (group, _seed(row["init_seed"], where, "init_seed"), _seed(row["data_seed"], where, "data_seed"))
         if cell in seen:
             raise UserError(

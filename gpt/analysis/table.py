@@ -393,7 +393,7 @@ def shared_by_all(runs: list[Run]) -> dict:
     for key in _compared_keys(runs):
         by_value = _by_value(runs, key)
         if len(by_value) == 1 and NOT_RECORDED not in by_value:
-            shared[key] = runs[0].view[key]
+            shared[key] = next(iter(by_value.values()))[0].view[key]  # of a run that has it (not all were evaluated)
     notes = [informational(r.summary.get("segments")) for r in runs]
     for key in sorted({k for n in notes for k in n}):
         values = {json.dumps(n.get(key), sort_keys=True) for n in notes}

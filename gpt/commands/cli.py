@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 
 from gpt.common.bounded import leave
-from gpt.common.errors import UserError
+from gpt.common.errors import UserError, on_one_line
 from gpt.common.stops import StopNow
 from gpt.config import NORM_TYPES, Config, load_config
 
@@ -50,7 +50,7 @@ def _run(main: Callable[[list[str] | None], int], argv: list[str] | None) -> int
         return main(argv)
     except UserError as e:
         if is_rank0():
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {on_one_line(str(e))}", file=sys.stderr)
         return USER_ERROR_EXIT
     except StopNow as e:  # a third stop signal, or a lost peer (said by the rank that speaks for the machine)
         if getattr(e, "say", is_rank0()):

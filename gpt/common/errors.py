@@ -46,6 +46,12 @@ def quoted(value) -> str:
     return clipped(QUOTED.repr(value))
 
 
+def on_one_line(text: str) -> str:
+    """``text`` with its line breaks shown as ``\\n`` / ``\\r``: an error line stays one line whatever user text
+    (a group name, a config value) it quotes."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def clipped(text: str, limit: int = QUOTED_LIMIT) -> str:
     """``text``, cut to ``limit`` characters (ending ``...``) if it is longer."""
     return text if len(text) <= limit else text[: limit - 3] + "..."

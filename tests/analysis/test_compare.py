@@ -1,9 +1,11 @@
 """scripts/compare.py on synthetic run directories with known numbers."""
 
 import copy
+import csv
 import functools
 import json
 import math
+import re
 
 import matplotlib.image
 import matplotlib.pyplot as plt
@@ -241,6 +243,10 @@ def test_missing_evaluation_is_reported(tmp_path):
     dyt = next(g for g in result["groups"] if g["group"] == "dyt")
     assert dyt["missing_evaluation"] == [str(b)] and dyt["n_evaluated"] == 1
     assert f"Not evaluated (run `python evaluate.py` on them): {b}" in (tmp_path / "out" / "comparison.md").read_text()
+    # first in the list, as a sweep's cancelled or failed cell 0 is: the same comparison (once a KeyError)
+    first = compare([b, a, c], tmp_path / "out-b-first", baseline="dyt", plots=False)
+    assert first["shared"] == result["shared"] and any(k.startswith("evaluation.") for k in first["shared"])
+    assert [g["test_loss_mean"] for g in first["groups"]] == [g["test_loss_mean"] for g in result["groups"]]
 
 
 def test_incomparable_runs_are_refused(tmp_path):
@@ -1021,13 +1027,37 @@ def test_a_results_table_gives_the_numbers_its_run_folders_give(tmp_path, cli, m
         ),
         ("group,init_seed,data_seed,test_loss\n", r"no rows under its header"),
         ("group,init_seed,data_seed,test_loss\na,0,0,3,4\n", r"x\.csv:2: more values than columns"),
+        ("group,init_seed,data_seed,test_loss\na,0,0,-0.1\n", r"x\.csv:2: test_loss is -0\.1, below 0; a cross-ent"),
+        ('group,init_seed,data_seed,test_loss\n"two\nlines",0,0,3\n', r"x\.csv:2: the group 'two\\nlines' has a line"),
+        # a field past the csv module's 128 KiB limit, a value of 100,000 characters: one short line each
+        ("group,init_seed,data_seed,test_loss\na,0,0," + "9" * 140_000 + "\n", r"^--results .*x\.csv: not a CSV tab"),
+        ("group,init_seed,data_seed,test_loss\na,0,0," + "x" * 100_000 + "\n", r"x\.csv:2: test_loss is 100,000 char"),
     ],
 )
 def test_a_bad_results_table_is_one_line(tmp_path, text, message):
     (tmp_path / "x.csv").write_text(text)
-    with pytest.raises(UserError, match=message):
+    with pytest.raises(UserError, match=message) as refused:
         compare([], tmp_path / "out", results=tmp_path / "x.csv")
+    assert "\n" not in str(refused.value) and len(str(refused.value)) < 400  # one line, short, whatever the input
     assert not (tmp_path / "out").exists()
+
+
+def test_a_results_table_is_bounded_like_every_other_input(tmp_path, monkeypatch):
+    """100,000 rows read (the size of a large study's table); past MAX_BYTES or MAX_ROWS, one line before reading."""
+    from gpt.analysis import results
+
+    rows = "".join(f"g{i % 3},{i},{i},{3 + (i % 7) / 100}\n" for i in range(100_000))
+    table = tmp_path / "big.csv"
+    table.write_text("group,init_seed,data_seed,test_loss\n" + rows)
+    read = results.read_results(table)
+    assert len(read) == 100_000 and read[-1]["test_loss"] == 3 + (99_999 % 7) / 100
+    monkeypatch.setattr(results, "MAX_BYTES", 1_000)
+    with pytest.raises(UserError, match=r"big\.csv: [\d,]+ bytes, more than a results table may hold \(1,000\)"):
+        results.read_results(table)
+    monkeypatch.setattr(results, "MAX_BYTES", 2**30)
+    monkeypatch.setattr(results, "MAX_ROWS", 10)
+    with pytest.raises(UserError, match=r"big\.csv: more than 10 rows; a results table has one row per run"):
+        results.read_results(table)
 
 
 def test_results_and_run_folders_do_not_mix(tmp_path, cli):
@@ -1072,3 +1102,30 @@ def test_an_offset_without_its_range_is_one_line(tmp_path, cli):
     out = cli(ROOT / "scripts" / "compare.py", run, "--out", tmp_path / "out", "--offset", "0")
     assert out.returncode == 2 and "--offset needs --tokens" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_users_text_is_escaped_in_markdown_and_round_trips_in_csv(tmp_path, cli):
+    """Group names carry config values, a user's text: in comparison.md no raw HTML, no '|' that shifts a
+    column, no line break that ends a row; in runs.csv the same names, exactly."""
+    names = ["<script>alert(1)</script>", "A|B", "two\nlines"]
+    runs = [
+        make_run(tmp_path, f"r{i}-{seed}", "dyt", seed, 3.5 + i / 10 + seed / 100, config={"data": {"train_split": n}})
+        for i, n in enumerate(names)
+        for seed in (0, 1)
+    ]
+    # a mistake that quotes the names is one line still (no default baseline here: they differ in more than the norm)
+    done = cli("compare", *runs, "--vary", "data.train_split", "--out", tmp_path / "refused")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "data.train_split=two\\nlines" in done.stderr
+    baseline = f"dyt, data.train_split={names[0]}"
+    result = compare(runs, tmp_path / "out", baseline, vary=["data.train_split"], plots=False)
+    labels = [g["group"] for g in result["groups"]]
+    assert labels == [f"dyt, data.train_split={n}" for n in names]
+    md = (tmp_path / "out" / "comparison.md").read_text()
+    assert "<script>" not in md and "&lt;script&gt;alert(1)&lt;/script&gt;" in md
+    assert "data.train_split=two\\nlines" in md and "A\\|B" in md
+    header = next(line for line in md.splitlines() if line.startswith("| group | seeds |"))
+    rows = [line for line in md.splitlines() if line.startswith("| dyt, ")][:3]
+    cells = [len(re.split(r"(?<!\\)\|", line)) for line in [header, *rows]]
+    assert len(set(cells)) == 1, cells  # every row has the header's columns
+    with open(tmp_path / "out" / "runs.csv", newline="") as f:
+        assert sorted({row["group"] for row in csv.DictReader(f)}) == sorted(labels)

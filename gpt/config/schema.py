@@ -465,6 +465,24 @@ class Config:
     def tokens_per_step(self) -> int:
         return self.train.global_batch_size * self.model.context_length
 
+    def validate(self, fail) -> None:
+        stop_on, every = self.train.stop_on, self.log.stats_every
+        if stop_on and every == 0:
+            fail(
+                ("train.stop_on", "log.stats_every"),
+                "train.stop_on acts on the statistics log.stats_every measures, and log.stats_every is 0 (off): "
+                "set log.stats_every (e.g. 10) or drop train.stop_on",
+            )
+        steps = self.train.steps
+        if self.train.tokens is not None:
+            steps = math.ceil(self.train.tokens / self.tokens_per_step)
+        if stop_on and steps is not None and every > steps:
+            fail(
+                ("train.stop_on", "log.stats_every"),
+                f"log.stats_every {every} is more than the run's {steps} steps: nothing is measured, so "
+                f"train.stop_on never fires; set log.stats_every <= {steps} or drop train.stop_on",
+            )
+
     def total_steps(self, n_params: int) -> int:
         """Optimizer steps of the run: train.steps, or enough steps for train.tokens or
         train.tokens_per_param x n_params tokens (rounded up). ``n_params`` is the model's count

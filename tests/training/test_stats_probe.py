@@ -258,3 +258,20 @@ def test_with_qk_norm_the_attention_logits_are_those_of_the_normalised_q_and_k_a
             h = block(h)
         assert record["resid_rms"][-1] == pytest.approx(rms(h), rel=1e-6)
     assert len(record["ln_2_out_rms"]) == len(record["ln_1_rms"]) == 2
+
+
+def test_stop_on_that_could_never_fire_is_refused(train_yaml):
+    """stop_on acts on the stats records: with log.stats_every 0, or more than the run's steps, there are none (a
+    run at lr 3 once ended 'completed' with 9 of 10 steps skipped and a loss of 3e15)."""
+    from gpt.config import ConfigError
+
+    config = train_yaml("never")
+    with pytest.raises(ConfigError) as refused:
+        load_config(config, ["train.stop_on=[nonfinite]", "log.stats_every=0"])
+    assert str(refused.value).endswith(
+        "log.stats_every: train.stop_on acts on the statistics log.stats_every measures, and log.stats_every is 0 "
+        "(off): set log.stats_every (e.g. 10) or drop train.stop_on"
+    )
+    with pytest.raises(ConfigError, match=r"log.stats_every 50 is more than the run's 20 steps: nothing is measured"):
+        load_config(config, ["log.stats_every=50", "train.stop_on=[resid_rms]"])
+    assert load_config(config, ["log.stats_every=20", "train.stop_on=[resid_rms]"]).train.stop_on == ["resid_rms"]

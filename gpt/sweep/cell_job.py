@@ -64,7 +64,9 @@ class Child:
 
     def run(self, command: list[str]) -> tuple[int, str | None]:
         """Run ``command``; its exit status and the line it ended on (its ``error:`` line, else its last)."""
-        self.proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.proc = subprocess.Popen(
+            command, stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=die_with(os.getpid())
+        )
         last: list[str] = []
         reader = threading.Thread(target=_copy_lines, args=(self.proc.stderr, last), daemon=True)
         reader.start()
@@ -76,6 +78,27 @@ class Child:
     @property
     def told_to_stop(self) -> bool:
         return self.requeue or self.stop
+
+
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
+
+
+def die_with(parent: int):
+    """What the job's child runs before its command (Linux): SIGTERM to itself when the job's process dies. The
+    child has a session of its own (so that a signal to the job is the job's to pass on), so a job process
+    killed with -9 (``scancel -s KILL``, a hard time limit, the OOM killer) would leave it training outside
+    SLURM, holding the run's lock; with this it checkpoints and stops within seconds, as on any SIGTERM."""
+    if not sys.platform.startswith("linux"):
+        return None
+
+    def child() -> None:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the job died before prctl: the signal would never come
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return child
 
 
 def _copy_lines(stream, last: list[str]) -> None:
@@ -116,7 +139,8 @@ def run_cell_job(spec: SweepSpec, index: int, folder: SweepFolder) -> int:
 
 def compare_sweep(spec: SweepSpec, folder: SweepFolder, options: SlurmOptions | None = None) -> dict:
     """The comparison of every cell with a run folder; the cells whose job failed (or never left one) are
-    named in it with their error. A two-stage sweep's first comparison is the selection: it chooses the rates
+    named in it with their error, and so are those cancelled or killed before they finished, whatever their
+    position. A two-stage sweep's first comparison is the selection: it chooses the rates
     and, where a chosen rate's confirmation cells have no job yet, submits them and the final comparison
     (``options``: the cells' SLURM options); the final comparison is of the confirmation cells alone."""
     if not spec.confirm_seeds:
@@ -141,5 +165,10 @@ def _compare_cells(cells: list, folder: SweepFolder, out, options: dict) -> dict
             failed[cell.name] = ends[-1].get("error") or "failed"
         elif not (cell.run.config_file.is_file() and cell.run.metrics_file.is_file()):
             failed[cell.name] = f"no run in {cell.run.path} (its job never trained it)"
+        elif (status := cell.run.status()) not in FINISHED:  # compared as it stands, and named: it has no result
+            failed[cell.name] = (
+                f"{status}, not finished (its job was cancelled, killed or ran out of time); run the sweep command "
+                "again to resume it"
+            )
     present = [c.run.path for c in cells if c.run.config_file.is_file() and c.run.metrics_file.is_file()]
     return compare(present, out, failed=failed, **options)

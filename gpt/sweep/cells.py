@@ -141,11 +141,17 @@ def selection_folder(comparison: Path) -> Path:
     return comparison.with_name(f"{comparison.name}-selection")
 
 
-def check_confirm_seeds(
+def check_rates(
     confirm_seeds: list[int] | None, lrs: list[float] | None, seeds: list[int], init_seeds: list[int] | None
 ) -> None:
-    """Refuse, before anything runs, confirmation seeds that cannot confirm: without rates to choose, crossed
-    seeds, or a seed the rates were chosen on (its runs would carry the choice's luck)."""
+    """Refuse, before anything runs, a rate axis with nothing to choose, and confirmation seeds that cannot
+    confirm: without rates to choose, crossed seeds, or a seed the rates were chosen on (its runs would carry the
+    choice's luck)."""
+    if lrs is not None and len(lrs) < 2:
+        raise UserError(
+            f"--lrs {lr_text(lrs[0])}: one rate leaves nothing to choose; give two or more, or train at one rate "
+            f"with --set optim.lr={float(lrs[0])!r} instead of --lrs"
+        )
     if not confirm_seeds:
         return
     if not lrs or len(lrs) < 2:

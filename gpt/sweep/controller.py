@@ -42,12 +42,25 @@ def require(*commands: str) -> None:
             )
 
 
+TIMEOUT = 30  # seconds a SLURM command may take: a controller that does not answer is said, not waited for
+UNKNOWN_JOB = "Invalid job id specified"  # scontrol's answer for a job the controller does not know
+
+
+def _answer(done: subprocess.CompletedProcess) -> str:
+    return clipped((done.stderr or done.stdout).strip().replace("\n", " ")) or f"exit status {done.returncode}"
+
+
 def _slurm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     require(args[0])
-    done = subprocess.run(args, capture_output=True, text=True)
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise UserError(
+            f"{' '.join(args[:2])}: no answer in {TIMEOUT} s; is the SLURM controller (slurmctld) up? nothing was "
+            "submitted or changed: run the sweep command again when it answers"
+        ) from None
     if check and done.returncode != 0:
-        answer = clipped((done.stderr or done.stdout).strip().replace("\n", " ")) or f"exit status {done.returncode}"
-        raise UserError(f"{' '.join(args[:2])} failed: {answer}")
+        raise UserError(f"{' '.join(args[:2])} failed: {_answer(done)}")
     return done
 
 
@@ -61,11 +74,17 @@ def submit(script: Path, dependency: str | None = None) -> str:
 def job_info(job_id: str) -> dict[str, str]:
     """``scontrol show job``'s fields of ``job_id`` (``123`` or an array task ``123_4``); {} for a job the
     controller does not know (never submitted, a pending array task cancelled, or a record expired:
-    MinJobAge). An array task still pending is one line of the array's, its ``ArrayTaskId`` a range."""
+    MinJobAge). An array task still pending is one line of the array's, its ``ArrayTaskId`` a range. A controller
+    that cannot answer is a UserError, never read as "no such job" (that would submit the job a second time)."""
     array, _, task = job_id.partition("_")
     done = _slurm("scontrol", "show", "job", "--oneliner", array, check=False)
-    if done.returncode != 0:
+    if done.returncode != 0 and UNKNOWN_JOB in (done.stderr + done.stdout):
         return {}
+    if done.returncode != 0:  # not "no such job": the controller could not say (down, restarting, refused)
+        raise UserError(
+            f"scontrol show job {array} failed: {_answer(done)}; the SLURM controller could not say what became of "
+            "the sweep's jobs, so nothing was submitted or changed: run the command again when it answers"
+        )
     for line in done.stdout.splitlines():
         fields = dict(word.partition("=")[::2] for word in line.split() if "=" in word)
         if not task or task in task_ids(fields.get("ArrayTaskId", "")):

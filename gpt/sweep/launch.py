@@ -22,7 +22,7 @@ from gpt.evaluation.held_out import EvalOptions, evaluate_checkpoint
 from gpt.publish.release import outcome_problems, publish_sweep
 from gpt.run.directory import COMPLETED, FINISHED, INTERRUPTED, read_eval_result
 from gpt.run.distributed import setup
-from gpt.sweep.cells import Cell, check_confirm_seeds, comparison_folder, lay_out, selection_folder
+from gpt.sweep.cells import Cell, check_rates, comparison_folder, lay_out, selection_folder
 from gpt.sweep.spec import SweepSpec
 from gpt.training.loop import train
 
@@ -117,7 +117,7 @@ def run_sweep(
     ``confirm_seeds`` (with ``lrs``): two stages. The grid is the selection: compared into ``<out>-selection``,
     where each norm type's rate is chosen on validation; then each chosen rate is trained on the fresh
     ``confirm_seeds`` alone, and those runs are compared into ``out`` (95% intervals, free of the choice)."""
-    check_confirm_seeds(confirm_seeds, lrs, seeds, init_seeds)
+    check_rates(confirm_seeds, lrs, seeds, init_seeds)
     cells = lay_out(config, norm_types, seeds, runs_dir, overrides, seeds_for, init_seeds, data_seeds, lrs)
     out = comparison_folder(config, runs_dir, out)
     compare_options = {"baseline": baseline, "equivalence_margin": equivalence_margin,

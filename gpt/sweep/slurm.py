@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from gpt.common.errors import UserError
+from gpt.common.errors import UserError, clipped
 from gpt.common.files import read_json, write_atomically, write_json
 from gpt.run.directory import COMPLETED, DIVERGED, read_eval_result
 from gpt.sweep import controller
@@ -148,7 +148,18 @@ class SweepFolder:
         if not self.jobs_file.is_file():
             return {"cells": {}, "compare": None}
         fix = "delete it to resubmit every unfinished cell (finished ones are still skipped)"
-        return read_json(self.jobs_file, "record of the sweep's jobs", fix=fix)
+        jobs = read_json(self.jobs_file, "record of the sweep's jobs", fix=fix)
+        cells = jobs.get("cells") if isinstance(jobs, dict) else None
+        if (
+            not isinstance(cells, dict)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in cells.items())
+            or not isinstance(jobs.get("compare"), (str, type(None)))
+        ):
+            raise UserError(
+                f'{self.jobs_file}: not a record of the sweep\'s jobs (expected {{"cells": {{cell: job id}}, '
+                f'"compare": job id or null}}); {fix}'
+            )
+        return jobs
 
     def record(self, event: dict, cell: str) -> None:
         """Append one event of a cell's job (a line: a kill mid-write costs at most that line)."""
@@ -185,16 +196,25 @@ def job_script(
     ``cell:<task index>`` appended) or of the comparison ("compare")."""
     index = ' "cell:$SLURM_ARRAY_TASK_ID"' if kind == "cells" else ""
     what = "one cell of the sweep per array task" if kind == "cells" else "the sweep's comparison"
+    directives = [
+        f"#SBATCH --job-name={job_name}",
+        *([f"#SBATCH --array={array}"] if array else []),
+        *options.directives(cells=kind == "cells"),
+        "#SBATCH --open-mode=append",
+        f"#SBATCH --output={folder.logs}/" + ("%x-%A_%a.out" if kind == "cells" else "%x-%j.out"),
+        f"#SBATCH --chdir={Path.cwd()}",
+    ]
+    for line in directives:  # one line each: a line break would end sbatch's directives and run the rest
+        if any(c in line for c in "\n\r\x00") or not line.isprintable():
+            raise UserError(
+                f"{clipped(repr(line.removeprefix('#SBATCH ')))}: a SLURM option or path with a line break or "
+                "control character cannot go into a job script; give it on one line"
+            )
     return "\n".join(
         [
             "#!/bin/bash",
             f"# {what}; written by gpt.sweep.slurm: rerun the sweep command rather than sbatch this by hand",
-            f"#SBATCH --job-name={job_name}",
-            *([f"#SBATCH --array={array}"] if array else []),
-            *options.directives(cells=kind == "cells"),
-            "#SBATCH --open-mode=append",
-            f"#SBATCH --output={folder.logs}/" + ("%x-%A_%a.out" if kind == "cells" else "%x-%j.out"),
-            f"#SBATCH --chdir={Path.cwd()}",
+            *directives,
             "set -u",
             f"exec {shlex.join(command)}{index}",
             "",
@@ -250,7 +270,7 @@ def submit_sweep(spec: SweepSpec, folder: SweepFolder, options: SlurmOptions, dr
 
 def submit_comparison(folder: SweepFolder, script: str, previous: str | None, waiting: list[str], new: bool, log):
     """The comparison job's id: the pending one, now waiting for ``waiting`` too, or a new one when cells were
-    submitted or no comparison ran to its end."""
+    submitted (after a running one, which compares without them) or no comparison ran to its end."""
     dependency = "afterany:" + ":".join(waiting) if waiting else None
     if previous is not None and previous == controller.this_job().get("job_id"):
         previous = None  # a two-stage sweep's selection job submitting the confirmation: it ends, a new one follows
@@ -260,9 +280,12 @@ def submit_comparison(folder: SweepFolder, script: str, previous: str | None, wa
             controller.set_dependency(previous, dependency or "")
             log(f"comparison job {previous} now waits for {', '.join(waiting)}")
         return previous
-    if state in controller.ACTIVE or (state == "COMPLETED" and not new):
+    if not new and state in (*controller.ACTIVE, "COMPLETED"):
         log(f"comparison job {previous}: {state.lower()}, left alone")
         return previous
+    if state in controller.ACTIVE:  # running without the new cells: a new one follows it and them
+        waiting = [*waiting, previous]
+        dependency = "afterany:" + ":".join(waiting)
     write_atomically(folder.script("compare"), script)
     job = controller.submit(folder.script("compare"), dependency)
     log(f"submitted comparison job {job}" + (f" after {', '.join(waiting)}" if waiting else ""))
@@ -285,7 +308,17 @@ def dry_run_report(cells, todo, waiting, cell_script, compare_script, indices, l
 
 
 def status_rows(cells: list[Cell], folder: SweepFolder) -> list[dict]:
-    """Each cell's job, state, progress, last loss and requeue count, then the comparison job's state."""
+    """Each cell's job, state, progress, last loss and requeue count, then the comparison job's state; a runs
+    folder that holds nothing of this sweep is refused (a plausible table of "not submitted" would mislead)."""
+    runs_dir = folder.path.parent
+    if not runs_dir.is_dir():
+        what = "not a folder" if runs_dir.exists() else "no such folder"
+        raise UserError(f"--runs-dir {runs_dir}: {what}; give the sweep's --runs-dir (default: runs)")
+    if not folder.path.is_dir() and not any(c.run.path.exists() for c in cells):
+        raise UserError(
+            f"{runs_dir}: no cell of this sweep has started there and it has no SLURM record ({folder.path.name}); "
+            "check the config, the grid and --runs-dir against the sweep's command"
+        )
     jobs = folder.jobs()
     rows = []
     for cell in cells:

@@ -16,7 +16,7 @@ from gpt.run.directory import COMPARISON_FILE
 from gpt.sweep.cells import (
     MIN_LR_KEY,
     Cell,
-    check_confirm_seeds,
+    check_rates,
     comparison_folder,
     lay_out,
     min_lr_fixed,
@@ -44,7 +44,7 @@ class SweepSpec:
     confirm_seeds: list[int] | None = None  # with lrs: fresh seeds trained at each norm type's chosen rate alone
 
     def __post_init__(self) -> None:
-        check_confirm_seeds(self.confirm_seeds, self.lrs, self.seeds, self.init_seeds)
+        check_rates(self.confirm_seeds, self.lrs, self.seeds, self.init_seeds)
 
     @classmethod
     def from_args(cls, args, nproc: int) -> SweepSpec:

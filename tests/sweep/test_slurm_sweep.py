@@ -5,8 +5,11 @@ norm types, one seed) show each of these: one is requeued, fails or is cancelled
 that use the cluster are ``serial``: they share it, and a cell caught mid-run needs the CPUs it was given."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
@@ -198,8 +201,14 @@ def test_a_cell_on_several_nodes_runs_torchrun_on_each_under_srun(monkeypatch):
         (["--slurm-opt", "=x"], "error: --slurm-opt '=x': expected KEY=VALUE or KEY"),
         (["--nodes", "0"], "error: --nodes 0 must be >= 1"),
         ([], "error: sbatch: not found; --launcher slurm runs on a SLURM cluster's login node"),
+        # a line break in a value would end sbatch's directives and run the rest as a shell line: refused
+        (["--slurm-opt", "mem=500M\ntouch x", "--dry-run"],
+         "error: '--mem=500M\\ntouch x': a SLURM option or path with a line break or control character cannot go "
+         "into a job script; give it on one line"),
+        (["--partition", "gpu\rrm -rf x", "--dry-run"], "error: '--partition=gpu\\rrm -rf x': a SLURM option or"),
+        (["--qos", "hi\x00", "--dry-run"], "error: '--qos=hi\\x00': a SLURM option or path with a line break"),
     ],
-)
+)  # fmt: skip
 def test_slurm_options_a_user_gets_wrong_are_one_line_before_anything_is_submitted(grid, tmp_path, args, message, cli):
     env = {"PATH": tmp_path, "HOME": tmp_path}  # no sbatch on the PATH
     done = cli("sweep", grid, "--norm-types", "dyt", "--launcher", "slurm", *args, cwd=tmp_path, env=env)
@@ -242,3 +251,48 @@ def test_a_two_stage_sweep_on_slurm_submits_the_confirmation_from_the_selection_
                    for s in confirm]  # fmt: skip
         losses = [json.loads((find_checkpoint(f) / "eval-test-fp32.json").read_text())["loss"] for f in folders]
         assert group["test_loss_mean"] == pytest.approx(sum(losses) / len(losses))
+
+
+def processes_running(*words: str) -> list[int]:
+    """PIDs of the processes whose command line holds every one of ``words``."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                argv = (Path("/proc") / entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            line = " ".join(a.decode(errors="replace") for a in argv)
+            if all(w in line for w in words) and int(entry) != os.getpid():
+                pids.append(int(entry))
+    return pids
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.serial
+def test_a_trainer_does_not_outlive_its_job_and_one_resubmission_finishes(slurm_cluster, grid, tmp_path, monkeypatch):
+    """kill -9 of the cell job's own Python (as scancel -s KILL, a hard time limit or the OOM killer): its trainer,
+    in a session of its own, once trained on outside SLURM; now it checkpoints and stops, and one resubmission
+    finishes the sweep."""
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))  # controller.state asks scontrol from this process
+    env = {**slurm_cluster.env, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    argv = [sys.executable, "-m", "gpt.commands.sweep", str(grid), "--norm-types", "pytorch_layernorm"]
+    argv += ["--seeds", "0", "--launcher", "slurm"]
+    subprocess.run(argv, cwd=tmp_path, env=env, check=True, capture_output=True, timeout=120)
+    run = tmp_path / "runs" / "slurmgrid-pytorch-layernorm-s0"
+    job = jobs_record(tmp_path / "runs")["cells"]["slurmgrid-pytorch-layernorm-s0"]
+    metrics = run / "metrics.jsonl"
+    slurm_cluster.wait_until(lambda: metrics.is_file() and metrics.read_text().count("\n") >= 25, 120, "training")
+    (job_python,) = processes_running("gpt.commands.sweep", "--in-job", "cell:0", str(grid))
+    assert processes_running("gpt.commands.train", str(grid))  # the trainer, the job's child
+    os.kill(job_python, signal.SIGKILL)
+    slurm_cluster.wait_until(lambda: not processes_running("gpt.commands.train", str(grid)), 30, "the trainer's end")
+    assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"  # it checkpointed and stopped
+    slurm_cluster.wait_until(lambda: controller.state(job) not in controller.ACTIVE, 60, "the job's end")
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "resubmitted" in done.stdout, done.stdout + done.stderr
+    compare_job = jobs_record(tmp_path / "runs")["compare"]
+    slurm_cluster.wait_until(lambda: slurm_cluster.state(compare_job) == "COMPLETED", 300, "the comparison")
+    assert json.loads((run / "summary.json").read_text())["status"] == "completed"
+    assert len(json.loads((run / "summary.json").read_text())["segments"]) == 2  # resumed, not started again

@@ -1,6 +1,6 @@
 """The comparison as Markdown: what every run shares, the table, the noise, what was left out.
 
-Reads only the result ``gpt.analysis.table.summarise`` builds (the same data as
+Reads only the result ``gpt.analysis.summary.summarise`` builds (the same data as
 ``comparison.json``), so the report and the JSON never disagree; each task's heading and note
 come from its registry entry (``gpt.evaluation.tasks``).
 """

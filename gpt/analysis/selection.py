@@ -91,7 +91,7 @@ def _rate(group, key: str, seeds: list[str]) -> dict:
 
 
 def select_rates(groups: list, axis: str, key: str = LR_KEY) -> dict:
-    """Per family of ``groups`` (``gpt.analysis.table.Group``; ``axis``: the norm type's key), every rate's
+    """Per family of ``groups`` (``gpt.analysis.runs.Group``; ``axis``: the norm type's key), every rate's
     validation loss and the rate chosen; refuses groups that do not vary ``key`` and a completed run without a
     validation loss."""
     rates = {g.values.get(key) for g in groups}

@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpt.analysis import stats  # noqa: E402
+from gpt.analysis import stats, variance  # noqa: E402
 
 # Variance components (init, data, rest) of the paired differences: each dominated by one source.
 COMPONENTS = {
@@ -134,10 +134,10 @@ def family_wise_error(
 
 
 def share_coverage(n_init: int, n_data: int, components: tuple, reps: int = 400, seed: int = 0) -> dict:
-    """How often each share's interval (``stats.variance_components``) covers the true share."""
+    """How often each share's interval (``variance.variance_components``) covers the true share."""
     grids = crossed_grids(n_init, n_data, components, reps, seed)
     truth = dict(zip(("init", "data", "residual"), np.array(components) / sum(components)))
-    c = stats.variance_components_many(grids, draws=4000)["components"]
+    c = variance.variance_components_many(grids, draws=4000)["components"]
     hits = {}
     for k, share in truth.items():
         low, high = np.moveaxis(c[k]["share_interval"], -1, 0)

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from gpt.analysis import stats
+from gpt.analysis import stats, variance
 from gpt.analysis.runs import Group, Run, seed_label
 from gpt.evaluation.tasks import TASKS
 from gpt.run.directory import COMPLETED, DIVERGED
@@ -39,7 +39,7 @@ def crossed(group: Group) -> dict | None:
         return None
     if missing:
         return {"init_seeds": inits, "data_seeds": datas, "missing": [f"{i}/{j}" for i, j in missing]}
-    return {"init_seeds": inits, "data_seeds": datas, "missing": [], **stats.variance_components(values)}
+    return {"init_seeds": inits, "data_seeds": datas, "missing": [], **variance.variance_components(values)}
 
 
 def summarise(

@@ -714,7 +714,7 @@ def crossed_losses():
 def test_variance_components_match_a_hand_computation():
     from scipy import stats as st
 
-    from gpt.analysis import stats
+    from gpt.analysis import variance
 
     y = crossed_losses()
     n_i, n_j = y.shape
@@ -726,7 +726,7 @@ def test_variance_components_match_a_hand_computation():
     ms_res = sum((y[i][j] - rows[i] - cols[j] + grand) ** 2 for i in range(n_i) for j in range(n_j)) / (
         (n_i - 1) * (n_j - 1)
     )
-    v = stats.variance_components(y)
+    v = variance.variance_components(y)
     c = v["components"]
     assert (v["n_init"], v["n_data"], v["mean"]) == (3, 4, pytest.approx(grand))
     assert c["init"]["variance"] == pytest.approx((ms_init - ms_res) / n_j)
@@ -743,12 +743,12 @@ def test_variance_components_match_a_hand_computation():
     assert c["init"]["share"] > 0.7 and c["residual"]["share"] < 0.05
     # a negative estimate is reported as 0, its raw value kept
     flat = np.array([[1.0, 2.0], [2.0, 1.0]])  # no row or column effect, all interaction
-    z = stats.variance_components(flat)["components"]
+    z = variance.variance_components(flat)["components"]
     assert z["init"]["variance"] == 0.0 and z["init"]["estimate"] < 0 and z["residual"]["share"] == 1.0
 
 
 def test_variance_component_intervals_cover_at_their_level():
-    from gpt.analysis import stats
+    from gpt.analysis import variance
 
     # 1,500 grids of 3 x 4, each drawn as its 3 init effects, 4 data effects and 12 remainders (a row of draws),
     # through variance_components' vectorised twin (tests/analysis/test_intervals.py: they agree grid by grid)
@@ -756,7 +756,7 @@ def test_variance_component_intervals_cover_at_their_level():
     n = 1500
     z = np.random.default_rng(7).standard_normal((n, 19))
     y = z[:, :3, None] + 0.5 * z[:, None, 3:7] + math.sqrt(0.5) * z[:, 7:].reshape(n, 3, 4)
-    c = stats.variance_components_many(y, draws=0)["components"]  # the shares' intervals: test_intervals.py
+    c = variance.variance_components_many(y, draws=0)["components"]  # the shares' intervals: test_intervals.py
     hits = {k: np.mean((c[k]["low"] <= truth[k]) & (truth[k] <= c[k]["high"])) for k in truth}
     assert all(0.93 <= h <= 0.975 for h in hits.values()), hits
 
@@ -803,10 +803,10 @@ def test_compare_analyses_a_crossed_design_with_the_two_way_model(tmp_path):
     result = compare(runs, tmp_path / "out", equivalence_margin=0.05, plots=False)
     from scipy import stats as st
 
-    from gpt.analysis import stats
+    from gpt.analysis import variance
 
     hr = result["groups"][0]["noise_sources"]
-    expected = stats.variance_components(y)
+    expected = variance.variance_components(y)
     assert (hr["init_seeds"], hr["data_seeds"], hr["missing"]) == ([0, 1, 2], [0, 1, 2, 3], [])
     assert hr["components"]["init"]["variance"] == pytest.approx(expected["components"]["init"]["variance"])
     v = result["groups"][1]["vs_baseline"]

@@ -26,7 +26,7 @@ from simulated import (
     tost_error_paired,
 )
 
-from gpt.analysis import stats
+from gpt.analysis import stats, variance
 
 DESIGNS = [(2,), (3,), (5,), (10,), *GRIDS]  # independent seeds (n pairs), crossed grids (I x J)
 
@@ -80,8 +80,8 @@ def test_the_vectorised_holm_mcnemar_and_variance_components_are_compares():
     close(stats.mcnemar_many(*only), [stats.mcnemar(int(x), int(y)) for x, y in only.T])
     for shape in ((3, 3), (3, 4)):  # the grids of the coverage tests
         grids = rng.normal(0, 1, (150, shape[0], 1)) * rng.uniform(0, 2, (150, 1, 1)) + rng.normal(0, 1, (150, *shape))
-        many = stats.variance_components_many(grids, draws=2000)
-        ones = [stats.variance_components(g, draws=2000) for g in grids]
+        many = variance.variance_components_many(grids, draws=2000)
+        ones = [variance.variance_components(g, draws=2000) for g in grids]
         close(many["mean"], [one["mean"] for one in ones])
         close(many["total_variance"], [one["total_variance"] for one in ones])
         for name, c in many["components"].items():
@@ -89,7 +89,7 @@ def test_the_vectorised_holm_mcnemar_and_variance_components_are_compares():
                 close(c[key], [one["components"][name][key] for one in ones])
             assert c["df"] == ones[0]["components"][name]["df"]
         assert (many["components"]["init"]["estimate"] < 0).sum() > 10  # negative estimates, read as 0
-    nothing = stats.variance_components_many(grids, draws=0)["components"]["init"]  # no shares' intervals
+    nothing = variance.variance_components_many(grids, draws=0)["components"]["init"]  # no shares' intervals
     assert np.isnan(nothing["share_interval"]).all()
     assert np.array_equal(nothing["low"], many["components"]["init"]["low"])
 

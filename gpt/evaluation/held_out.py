@@ -20,7 +20,8 @@ from tqdm import tqdm
 
 from gpt.common.errors import UserError
 from gpt.config import Config, config_from_dict
-from gpt.data.tokens import DataError, TokenRange, open_split, resolve_data_dir, tokenizer_name
+from gpt.data.folders import open_split, resolve_data_dir
+from gpt.data.tokens import DataError, TokenRange, tokenizer_name
 from gpt.evaluation.token_loss import evaluate_loss
 from gpt.model.gpt import GPT
 from gpt.model.gpt2_weights import load_hf_gpt2

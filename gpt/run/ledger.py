@@ -18,7 +18,8 @@ from pathlib import Path
 
 from gpt.common.errors import UserError, clipped, first_line, os_reason
 from gpt.config import Config, dump_config, load_config
-from gpt.data.tokens import TokenRange, TrainBatches, tokenizer_name
+from gpt.data.batches import TrainBatches
+from gpt.data.tokens import TokenRange, tokenizer_name
 from gpt.run.checkpoints import (
     CheckpointError,
     check_same_experiment,

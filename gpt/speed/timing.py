@@ -36,7 +36,8 @@ import torch
 
 from gpt.common.errors import first_line
 from gpt.config import Config
-from gpt.data.tokens import resolve_data_dir, write_random_set
+from gpt.data.folders import resolve_data_dir
+from gpt.data.tokens import write_random_set
 from gpt.model.gpt import GPT
 from gpt.model.loss import autocast_for
 from gpt.model.norms import make_norm

@@ -34,7 +34,9 @@ from tqdm import tqdm
 from gpt.common.errors import UserError
 from gpt.common.stops import LostPeer, StopNow
 from gpt.config import Config
-from gpt.data.tokens import DataError, TokenRange, TrainBatches, check_vocabulary, open_split, resolve_data_dir
+from gpt.data.batches import TrainBatches
+from gpt.data.folders import check_vocabulary, open_split, resolve_data_dir
+from gpt.data.tokens import DataError, TokenRange
 from gpt.evaluation.token_loss import evaluate_loss
 from gpt.model.gpt import GPT
 from gpt.model.loss import autocast_for

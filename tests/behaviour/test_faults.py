@@ -460,7 +460,7 @@ def test_preparation_faults_name_the_real_cause(tmp_path, capsys):
     abandoned.mkdir()
     (abandoned / "train.bin").write_bytes(b"\x00\x01" * 100)
     with pytest.raises(DataError, match=r"no meta.json, so not a complete prepared set"):
-        from gpt.data.tokens import open_split
+        from gpt.data.folders import open_split
 
         open_split(abandoned, "train")
     (tmp_path / "corpus.txt").write_text("\n\n".join(f"document {i} " * 50 for i in range(40)))

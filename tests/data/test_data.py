@@ -12,7 +12,9 @@ from conftest import ROOT, write_meta
 from safetensors.numpy import save_file
 
 from gpt.config import ConfigError, config_from_dict
-from gpt.data.tokens import DataError, TokenFile, TrainBatches, check_ids, open_split, resolve_data_dir
+from gpt.data.batches import TrainBatches
+from gpt.data.folders import open_split, resolve_data_dir
+from gpt.data.tokens import DataError, TokenFile, check_ids
 
 
 @pytest.fixture
@@ -187,7 +189,8 @@ def test_memory_does_not_grow_with_the_data_set(tmp_path):
     write_meta(tmp_path, 50257)
     code = textwrap.dedent(f"""
         import resource
-        from gpt.data.tokens import TrainBatches, open_split
+        from gpt.data.batches import TrainBatches
+        from gpt.data.folders import open_split
         r = TrainBatches(open_split({str(tmp_path)!r}, "train"), seq_len=1024, micro_batch=16,
                          global_batch=64, seed=0)
         r.next_step()  # warm up allocations of one step
@@ -208,7 +211,7 @@ def test_memory_does_not_grow_with_the_data_set(tmp_path):
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 65, 1249, 100_003])
 def test_feistel_permutation_visits_everything_once(n):
-    from gpt.data.tokens import FeistelPermutation
+    from gpt.data.batches import FeistelPermutation
 
     out = FeistelPermutation(n, seed=5)(np.arange(n))
     assert np.array_equal(np.sort(out), np.arange(n))

@@ -10,7 +10,8 @@ import pytest
 from conftest import ROOT, write_token_set, write_train_yaml
 
 from gpt.config import load_config
-from gpt.data.tokens import DataError, open_split, sample_digest
+from gpt.data.folders import open_split
+from gpt.data.tokens import DataError, sample_digest
 from gpt.evaluation.held_out import evaluate_checkpoint
 from gpt.run import fastpath
 from gpt.run.checkpoints import CheckpointError

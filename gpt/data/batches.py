@@ -66,12 +66,24 @@ class TrainBatches:
     The reader's whole position is ``state_dict()``, a few integers.
     """
 
-    def __init__(self, tokens: TokenFile, seq_len: int, micro_batch: int, global_batch: int,
-                 rank: int = 0, world_size: int = 1, seed: int = 0, shuffle: bool = True,
-                 vocab_size: int | None = None, prefetch: bool = False, pin_memory: bool = False):
+    def __init__(
+        self,
+        tokens: TokenFile,
+        seq_len: int,
+        micro_batch: int,
+        global_batch: int,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+        vocab_size: int | None = None,
+        prefetch: bool = False,
+        pin_memory: bool = False,
+    ):
         if global_batch % (micro_batch * world_size):
-            raise DataError(f"global batch {global_batch} is not a multiple of micro-batch {micro_batch} "
-                            f"x world size {world_size}")
+            raise DataError(
+                f"global batch {global_batch} is not a multiple of micro-batch {micro_batch} x world size {world_size}"
+            )
         self.tokens, self.seq_len = tokens, seq_len
         self.micro_batch, self.global_batch = micro_batch, global_batch
         self.rank, self.world_size = rank, world_size
@@ -94,7 +106,8 @@ class TrainBatches:
             raise DataError(
                 f"{self.tokens.path}: {len(self.tokens):,} tokens are {self.steps_available:,} steps of "
                 f"{self.global_batch} x {self.seq_len} tokens, but the run asks for {steps:,} steps "
-                f"({steps * per_step:,} tokens); use a larger data set or fewer tokens")
+                f"({steps * per_step:,} tokens); use a larger data set or fewer tokens"
+            )
 
     def sequence_ids(self, step: int) -> np.ndarray:
         """Sequence numbers this rank reads at global ``step``, in micro-batch order."""
@@ -110,7 +123,7 @@ class TrainBatches:
         check_ids(seq, self.vocab_size, f"{self.tokens.path}, step {step}")
         out = []
         for k in range(self.accum):
-            chunk = seq[k * self.micro_batch:(k + 1) * self.micro_batch]
+            chunk = seq[k * self.micro_batch : (k + 1) * self.micro_batch]
             x, y = chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()  # inputs, next-token targets
             out.append((x.pin_memory(), y.pin_memory()) if self.pin_memory else (x, y))
         return out
@@ -136,8 +149,15 @@ class TrainBatches:
         return 0, (self.n_sequences * self.seq_len + 1 if self.n_sequences else 0)
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "seed": self.seed, "shuffle": self.shuffle, "seq_len": self.seq_len,
-                "global_batch": self.global_batch, "n_sequences": self.n_sequences, "order": self._order_name()}
+        return {
+            "step": self.step,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "seq_len": self.seq_len,
+            "global_batch": self.global_batch,
+            "n_sequences": self.n_sequences,
+            "order": self._order_name(),
+        }
 
     def _order_name(self) -> str:
         return f"feistel-{FeistelPermutation.ROUNDS}" if self.shuffle else "sequential"
@@ -147,6 +167,8 @@ class TrainBatches:
         state = {"order": "affine" if state["shuffle"] else "sequential", **state}  # before: an affine order
         for key in ("seed", "shuffle", "seq_len", "global_batch", "n_sequences", "order"):
             if state[key] != mine[key]:
-                raise DataError(f"cannot resume the data reader: {key} was {quoted(state[key])}, "
-                                f"now {quoted(mine[key])}; resume with the same data and batch settings")
+                raise DataError(
+                    f"cannot resume the data reader: {key} was {quoted(state[key])}, "
+                    f"now {quoted(mine[key])}; resume with the same data and batch settings"
+                )
         self.step = int(state["step"])

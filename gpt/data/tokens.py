@@ -38,8 +38,14 @@ from gpt.common.files import read_json, replacing_folder
 
 TOKEN_DTYPE = np.uint16  # GPT-2's 50257 tokens fit
 META_FILE = "meta.json"
-_SAFETENSORS_DTYPES = {"U8": np.uint8, "I16": np.int16, "U16": np.uint16, "I32": np.int32,
-                       "U32": np.uint32, "I64": np.int64}
+_SAFETENSORS_DTYPES = {
+    "U8": np.uint8,
+    "I16": np.int16,
+    "U16": np.uint16,
+    "I32": np.int32,
+    "U32": np.uint32,
+    "I64": np.int64,
+}
 
 
 class DataError(UserError):
@@ -80,8 +86,9 @@ class TokenFile:
             self.dtype, self._start = np.dtype(_meta_dtype(self.path.parent)), 0
             size = self.path.stat().st_size
             if size % self.dtype.itemsize:
-                raise DataError(f"{self.path}: {size} bytes is not a whole number of "
-                                f"{self.dtype.name} tokens (truncated?)")
+                raise DataError(
+                    f"{self.path}: {size} bytes is not a whole number of {self.dtype.name} tokens (truncated?)"
+                )
             self.n_tokens = size // self.dtype.itemsize
 
     def __len__(self) -> int:
@@ -94,18 +101,28 @@ class TokenFile:
     def identity(self) -> dict:
         """What the tokens are: file name, count, the sha256 recorded at preparation (None where the set
         has no meta.json, like the author's safetensors sets) and the sampled sha256 of the file as it is."""
-        return {"file": self.path.name, "tokens": self.n_tokens, "sha256": self.recorded.get("sha256"),
-                "sampled_sha256": self.sampled_sha256}
+        return {
+            "file": self.path.name,
+            "tokens": self.n_tokens,
+            "sha256": self.recorded.get("sha256"),
+            "sampled_sha256": self.sampled_sha256,
+        }
 
     def check_recorded(self) -> None:
         """Refuse a file that is not the one meta.json describes (changed or replaced since preparation)."""
         tokens, sampled = self.recorded.get("tokens"), self.recorded.get("sampled_sha256")
-        changed = (f"{self.n_tokens:,} tokens, {META_FILE} records {tokens:,}" if tokens not in (None, self.n_tokens)
-                   else "its sampled sha256 differs from the one recorded" if sampled not in (None, self.sampled_sha256)
-                   else None)
+        changed = (
+            f"{self.n_tokens:,} tokens, {META_FILE} records {tokens:,}"
+            if tokens not in (None, self.n_tokens)
+            else "its sampled sha256 differs from the one recorded"
+            if sampled not in (None, self.sampled_sha256)
+            else None
+        )
         if changed:
-            raise DataError(f"{self.path}: not the file that was prepared ({changed}): it changed after "
-                            "preparation; prepare the set again with scripts/prepare_data.py")
+            raise DataError(
+                f"{self.path}: not the file that was prepared ({changed}): it changed after "
+                "preparation; prepare the set again with scripts/prepare_data.py"
+            )
 
     def __getstate__(self):  # a DataLoader worker or a fork opens its own descriptor
         return {**self.__dict__, "_fd": None}
@@ -155,8 +172,11 @@ class TokenRange:
         """Refuse, before training, a range holding token ids the model has no embedding for."""
         for start in range(self.offset, self.offset + self.n_tokens, chunk):
             count = min(chunk, self.offset + self.n_tokens - start)
-            check_ids(torch.from_numpy(self.tokens.read(start, count).astype(np.int64)), vocab_size,
-                      f"{self.tokens.path} [{start:,}, {start + count:,})")
+            check_ids(
+                torch.from_numpy(self.tokens.read(start, count).astype(np.int64)),
+                vocab_size,
+                f"{self.tokens.path} [{start:,}, {start + count:,})",
+            )
 
 
 def _safetensors_layout(path: Path) -> tuple[np.dtype, int, int]:
@@ -196,8 +216,9 @@ def read_meta(data_dir: str | Path) -> dict | None:
         raise DataError(f"{path}: 'tokenizer' must be an object (name, n_vocab, eot_token)")
     splits = meta.get("splits", {})
     if not isinstance(splits, dict) or not all(isinstance(v, dict) for v in splits.values()):
-        raise DataError(f"{path}: 'splits' must map each split to an object (file, tokens, sha256); prepare the "
-                        "set again")
+        raise DataError(
+            f"{path}: 'splits' must map each split to an object (file, tokens, sha256); prepare the set again"
+        )
     return meta
 
 
@@ -219,16 +240,20 @@ def write_random_set(folder: Path, n_tokens: int, vocab_size: int, seed: int = 0
     with replacing_folder(folder) as tmp:
         for split in ("train", "val", "test"):
             (tmp / f"{split}.bin").write_bytes(rng.integers(0, vocab_size, n_tokens, dtype=dtype).tobytes())
-        (tmp / META_FILE).write_text(json.dumps({"source": "random", "dtype": dtype,
-                                                 "tokenizer": {"name": "random", "n_vocab": vocab_size}}) + "\n")
+        (tmp / META_FILE).write_text(
+            json.dumps({"source": "random", "dtype": dtype, "tokenizer": {"name": "random", "n_vocab": vocab_size}})
+            + "\n"
+        )
     return folder
 
 
 def check_ids(batch: torch.Tensor, vocab_size: int | None, where: str) -> None:
     """Refuse token ids the model has no embedding for, on the CPU, before they reach a device."""
     if vocab_size is not None and batch.numel() and int(batch.max()) >= vocab_size:
-        raise DataError(f"{where}: token id {int(batch.max()):,} is >= model.vocab_size {vocab_size:,}; the data set "
-                        "was made with another tokenizer than the model expects")
+        raise DataError(
+            f"{where}: token id {int(batch.max()):,} is >= model.vocab_size {vocab_size:,}; the data set "
+            "was made with another tokenizer than the model expects"
+        )
 
 
 def read_sequences(tokens: TokenFile, ids, seq_len: int, offset: int = 0) -> torch.Tensor:

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return cell_job.run_cell_job(spec, int(args.in_job.removeprefix("cell:")), folder)
     if args.push_to_hub and not args.in_job:  # a name the Hub refuses stops here, not after the training
-        from gpt.publish.release import check_repo_name
+        from gpt.publish.naming import check_repo_name
 
         check_repo_name(f"{args.push_to_hub}/{args.hub_prefix + '-' if args.hub_prefix else ''}{args.config.stem}")
     if args.in_job == "compare":

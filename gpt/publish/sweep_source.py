@@ -1,0 +1,96 @@
+"""What a sweep folder holds to publish (what ``scripts/sweep.py`` writes): its comparison folder and the runs
+the comparison names, in table order, each with the checkpoint its model repo gets or why it gets none."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpt.common.errors import UserError
+from gpt.common.files import read_json
+from gpt.run.directory import COMPARISON_FILE, COMPLETED, RunDir, read_eval_result
+
+
+@dataclass
+class SweepRun:
+    """One run of the sweep, in the comparison's table order."""
+
+    name: str  # its folder's name, also its model repo's (after the prefix)
+    run: RunDir
+    group: str  # its comparison group (the norm type)
+    seed: str
+    status: str  # completed, diverged, interrupted, ...
+    test_loss: float | None  # as the comparison has it
+    ckpt: Path | None = None  # what its model repo holds; None: not published
+    left_out: str | None = None  # why it is not published
+
+
+@dataclass
+class Sweep:
+    folder: Path  # the sweep's folder (its runs and its comparison folder)
+    comparison: Path  # the comparison folder
+    result: dict  # comparison.json
+    runs: list[SweepRun]
+
+    @property
+    def title_stem(self) -> str:
+        return self.comparison.name.removesuffix("-comparison")
+
+    @property
+    def published(self) -> list[SweepRun]:
+        return [r for r in self.runs if r.ckpt is not None]
+
+
+def sweep_comparison_folder(folder: Path, comparison: Path | None) -> Path:
+    """The sweep's comparison folder: ``comparison`` if given, else the one folder in ``folder`` holding one."""
+    if not folder.is_dir():
+        raise UserError(f"{folder}: no such folder; give the folder a sweep wrote (its runs and its comparison)")
+    if comparison is not None:
+        if not (comparison / COMPARISON_FILE).is_file():
+            raise UserError(f"--comparison {comparison}: holds no {COMPARISON_FILE}; run scripts/compare.py first")
+        return comparison
+    found = sorted(d for d in folder.iterdir() if (d / COMPARISON_FILE).is_file())
+    if len(found) != 1:
+        what = f"{len(found)}: {', '.join(d.name for d in found)}" if found else "none"
+        raise UserError(
+            f"{folder}: a sweep folder holds one comparison folder ({COMPARISON_FILE}), found {what}; "
+            "name one with --comparison DIR, or run scripts/sweep.py (or scripts/compare.py) first"
+        )
+    return found[0]
+
+
+def choose_checkpoint(r: SweepRun, split: str, include_failed: bool) -> None:
+    """Set ``r.ckpt`` to what its repo publishes, or ``r.left_out`` to why nothing is."""
+    if r.status == COMPLETED:
+        ckpt = r.run.checkpoint("final")
+        if read_eval_result(ckpt, split, "fp32") is None:
+            r.left_out = f"completed, not evaluated (python evaluate.py {r.run.path})"
+        else:
+            r.ckpt = ckpt
+        return
+    if not include_failed:
+        r.left_out = f"{r.status}: published only with --include-failed"
+        return
+    try:
+        r.ckpt = r.run.checkpoint("latest")
+    except UserError:
+        r.left_out = f"{r.status}, and no checkpoint to publish"
+
+
+def read_sweep(folder: Path, comparison: Path | None = None, include_failed: bool = False) -> Sweep:
+    """The sweep in ``folder``: its comparison and its runs in table order, each with what it publishes."""
+    folder = Path(folder)
+    comparison = sweep_comparison_folder(folder, comparison)
+    result = read_json(comparison / COMPARISON_FILE, "comparison")
+    split = (result.get("test_range") or {}).get("split", "test")
+    runs = []
+    for group in result.get("groups", []):
+        for entry in group.get("runs", []):
+            name = Path(entry["path"]).name  # the path as compare was given it; the folder is in the sweep's
+            run = RunDir(folder / name)
+            if not run.looks_like_run():
+                raise UserError(f"{folder / name}: the comparison names this run, and it is not in {folder}")
+            r = SweepRun(name, run, group["group"], str(entry["seed"]), entry["status"], entry.get("test_loss"))
+            choose_checkpoint(r, split, include_failed)
+            runs.append(r)
+    return Sweep(folder, comparison, result, runs)

@@ -71,6 +71,7 @@ from pathlib import Path
 from gpt.common.errors import UserError
 from gpt.common.files import write_atomically
 from gpt.config import NORM_TYPES
+from gpt.speed.progress_plugin import results_of_tests
 from gpt.speed.stages import (
     RESERVE_S,
     RUNNING,
@@ -82,7 +83,6 @@ from gpt.speed.stages import (
     run_stages,
     stopping_on,
 )
-from gpt.speed.test_progress import results_of_tests
 
 BUDGET_S = 400  # a full check and a --quick rerun fit one 15-minute loan, its start included (docstring)
 QUICK_BUDGET_S = 180
@@ -132,7 +132,7 @@ def test_command(python: str, tests: Path, quick: bool) -> list[str]:
     file running its tests itself."""
     if importlib.util.find_spec("pytest") is None:
         return [python, str(tests), *(QUICK_TESTS if quick else [])]
-    plugin = ["-p", "no:cacheprovider", "-p", "gpt.speed.test_progress"]
+    plugin = ["-p", "no:cacheprovider", "-p", "gpt.speed.progress_plugin"]
     command = [python, "-m", "pytest", str(tests), "-m", "cuda", *plugin, "-v", "-ra"]
     return command + (["-k", " or ".join(QUICK_TESTS)] if quick else [])
 

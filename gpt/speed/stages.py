@@ -11,7 +11,7 @@ past its limit is stopped (SIGTERM to its whole group, then SIGKILL after ``GRAC
 that keeps its results as they come (``cut_ok``: a benchmark writing one row at a time, a
 search logging each probe, tests reporting each as it ends) is then "cut", not failed.
 A stage may read its own log (``findings``: the tests stage's is
-``gpt.speed.test_progress.results_of_tests``), and a failure found there fails the stage
+``gpt.speed.progress_plugin.results_of_tests``), and a failure found there fails the stage
 even when it was cut.
 
 ``on_stage`` is called with the outcomes so far after every stage, and every ``POLL_S``

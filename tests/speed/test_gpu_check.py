@@ -19,8 +19,8 @@ from gpt.common.files import process_alive
 from gpt.config import load_config
 from gpt.model.gpt import GPT
 from gpt.speed.gpu_check import FILES, check, check_stages, select
+from gpt.speed.progress_plugin import results_of_tests
 from gpt.speed.stages import GRACE_S, Stage, budget_lines, run_stages
-from gpt.speed.test_progress import results_of_tests
 from gpt.training.loop import Trainer, train
 
 
@@ -324,7 +324,7 @@ def test_the_tests_stage_cut_by_time_reports_what_ran_and_fails_only_on_a_failed
     tests.write_text(STAND_IN_TESTS.format(fails="False" if fails else "True", started=str(started)))
     out = tmp_path / "out"
     stage = next(s for s in check_stages(out, tests, CONFIGS / "gpt2-small.yaml", quick=False) if s.name == "tests")
-    assert stage.command[-3:] == ["gpt.speed.test_progress", "-v", "-ra"]
+    assert stage.command[-3:] == ["gpt.speed.progress_plugin", "-v", "-ra"]
     stage = dataclasses.replace(stage, min_s=1.0, max_s=30.0, env={**stage.env, "PYTHONPATH": str(ROOT)})
 
     def clock():  # the stage's time runs out while test_slow runs: not a wait that a busy machine may outlast

@@ -1,7 +1,7 @@
 """What a run of tests reached, read from its log: which passed, failed or were skipped, which one was
 running when the run was cut short, and which never ran.
 
-Loaded as a pytest plugin (``pytest -p gpt.speed.test_progress``), this module writes each collected
+Loaded as a pytest plugin (``pytest -p gpt.speed.progress_plugin``), this module writes each collected
 test's id before any runs (``WILL_RUN``), so ``results_of_tests`` can tell from a ``pytest -v`` log which
 tests a run cut short never reached. The GPU check's tests stage reads its log with it
 (``gpt.speed.stages.Stage.findings``).

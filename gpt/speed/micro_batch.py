@@ -17,7 +17,7 @@ from gpt.common.errors import UserError
 from gpt.config import Config
 from gpt.run.distributed import Dist, device_name
 from gpt.run.fastpath import resolve
-from gpt.training.loop import Trainer
+from gpt.training.step import ready_engine
 
 
 def free_memory(device: torch.device) -> None:
@@ -43,7 +43,7 @@ def largest_fitting(fits, limit: int) -> int:
 
 def stepping_config(cfg: Config, norm_type: str, compile_: bool, steps: int) -> Config:
     """``cfg`` with one norm type and compile setting, ``steps`` steps long (its own length aside): what the
-    benchmark and the memory probe step outside a run (``Trainer.ready_to_step``)."""
+    benchmark and the memory probe step outside a run (``gpt.training.step.ready_engine``)."""
     c = copy.deepcopy(cfg)
     c.model.norm_type, c.train.compile = norm_type, compile_
     c.train.steps, c.train.tokens, c.train.tokens_per_param = steps, None, None
@@ -56,20 +56,20 @@ def fits_in_memory(cfg: Config, dist: Dist, micro_batch: int) -> bool:
     long: under DDP the gradients are views of them, ``gradient_as_bucket_view``)."""
     c = stepping_config(cfg, cfg.model.norm_type, False, 2)  # two eager steps of one micro-batch
     c.train.micro_batch_size = c.train.global_batch_size = micro_batch
-    trainer = Trainer(c, dist)
-    reserve = None
+    engine, reserve = None, None
     try:
         ids = torch.randint(0, c.model.vocab_size, (micro_batch, c.model.context_length + 1))
-        trainer.ready_to_step(batches=[(ids[:, :-1].contiguous(), ids[:, 1:].contiguous())])
-        reserve = torch.empty(sum(p.numel() for p in trainer.params), dtype=torch.float32, device=dist.device)
+        batches = [(ids[:, :-1].contiguous(), ids[:, 1:].contiguous())]
+        engine = ready_engine(c, dist)
+        reserve = torch.empty(sum(p.numel() for p in engine.params), dtype=torch.float32, device=dist.device)
         for _ in range(2):  # the second step holds the optimizer state too
-            trainer.train_step()
+            engine.step(batches, 1)
         dist.synchronize()
         return True
     except torch.cuda.OutOfMemoryError:
         return False
     finally:
-        del trainer, reserve
+        del engine, reserve
         free_memory(dist.device)
 
 

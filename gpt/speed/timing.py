@@ -1,6 +1,6 @@
 """Timing real training steps, single norm layers, and generation: the rows ``bench.py`` prints.
 
-A step row times ``Trainer.train_step``, the step the trainer runs (reading the batch,
+A step row times ``StepEngine.step``, the step the trainer runs (reading the batch,
 forward and backward under the configured autocast, gradient norm, fused AdamW), on
 this process's share of the configured world size, after ``warmup`` steps. Step times
 come from CUDA events (no waiting for the GPU between steps) or, on the CPU, the clock.
@@ -45,7 +45,7 @@ from gpt.run.distributed import Dist, device_name, peak_memory
 from gpt.run.fastpath import auto_precision
 from gpt.speed.mfu import mfu, peak_tflops, step_stats
 from gpt.speed.micro_batch import free_memory, stepping_config
-from gpt.training.loop import Trainer
+from gpt.training.step import RepeatedBatches, ready_engine, train_reader
 
 BASELINE = "handrolled_layernorm"  # every row's time is also given as a ratio to this norm's row
 
@@ -89,26 +89,32 @@ def time_steps(cfg: Config, dist: Dist, data_dir: Path, ready: bool, steps: int,
     """Build what the trainer builds for ``cfg`` and time ``warmup + steps`` training steps."""
     if dist.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dist.device)
-    trainer = Trainer(cfg, dist)
+    engine, reader = None, None
     try:
-        trainer.ready_to_step(data_dir, repeat=ready)
+        engine = ready_engine(cfg, dist)
+        reader = train_reader(cfg, dist, engine.fast, data_dir)
+        if ready:  # the first step's micro-batches again and again: no reading in the steps
+            batches = list(reader.next_step())
+            reader.close()
+            reader = RepeatedBatches(batches)
         timer = StepTimer(dist.device)
         for _ in range(warmup + steps):
-            trainer.train_step()
+            engine.step(reader.next_step(), reader.accum)
             timer.mark()
         seconds = timer.seconds()
         return {
             "first_step_s": seconds[0],
             **step_stats(seconds[warmup:]),
             "tokens_per_s": steps * cfg.tokens_per_step / sum(seconds[warmup:]),
-            "flops_per_token": trainer.model.flops_per_token(),
-            "params_outside_norms": trainer.model.num_params(norms=False),  # for the run's length
-            "precision": trainer.fast.precision,
+            "flops_per_token": engine.model.flops_per_token(),
+            "params_outside_norms": engine.model.num_params(norms=False),  # for the run's length
+            "precision": engine.fast.precision,
             **peak_memory(dist.device),
         }
     finally:
-        trainer.release()
-        del trainer
+        if reader is not None:
+            reader.close()
+        del engine
         free_memory(dist.device)
 
 

@@ -1,6 +1,6 @@
 """What each norm does inside the model: per-block statistics every ``log.stats_every`` steps (rank 0).
 
-On a stats step, after the backward pass and before the optimizer's update (``Trainer.train_step``):
+On a stats step, after the backward pass and before the optimizer's update (``StepEngine.step``):
 
 1. one extra forward pass of the first ``STATS_SEQUENCES`` sequences of the step's first micro-batch through
    the unwrapped model, without

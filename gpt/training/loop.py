@@ -1,13 +1,10 @@
 """The training run: one process or DDP under torchrun, resumable to the bit.
 
 Follow a batch: ``TrainBatches.next_step()`` reads this rank's micro-batches of the
-global step from the token file; ``Trainer.train_step`` runs each forward under
-autocast and backward (``no_sync`` until the last, so DDP all-reduces gradients once
-per step), measures the pre-clip gradient norm and lets fused AdamW apply the update
-unless the norm is not finite (``step_unless_nonfinite``: skipped and counted on the
-device, without waiting for it). Every ``log_every`` steps, and only then, the loop
-reads numbers back from the device: losses, the norm, divergence counters. Validation,
-checkpoints and the stop-signal check follow.
+global step from the token file; ``StepEngine.step`` (``gpt.training.step``) runs the
+optimizer step on them. Every ``log_every`` steps, and only then, the loop reads numbers
+back from the device: losses, the norm, divergence counters. Validation, checkpoints and
+the stop-signal check follow.
 
 A ``Trainer`` is used in three stages: ``preflight`` checks everything a user can get
 wrong before anything heavy is built, ``build`` makes the model, optimizer, grad scaler
@@ -20,15 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-import random
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from gpt.common.errors import UserError
@@ -38,25 +32,19 @@ from gpt.data.batches import TrainBatches
 from gpt.data.folders import check_vocabulary, open_split, resolve_data_dir
 from gpt.data.tokens import DataError, TokenRange
 from gpt.evaluation.token_loss import evaluate_loss
-from gpt.model.gpt import GPT
-from gpt.model.loss import autocast_for
 from gpt.run.checkpoints import CheckpointError, load_state, load_weights, save_checkpoint
 from gpt.run.directory import COMPLETED, DIVERGED, INTERRUPTED, RunDir
 from gpt.run.distributed import Dist, device_name, peak_memory, setup
-from gpt.run.fastpath import apply_tf32, resolve
+from gpt.run.fastpath import resolve
 from gpt.run.ledger import RunLedger
 from gpt.run.random_state import rng_state, set_rng_state
 from gpt.training.hooks import RunHooks
 from gpt.training.inside import EarlyWarning, StatsProbe
 from gpt.training.metrics import Metrics
 from gpt.training.monitors import Divergence, LossWindow, StopFlag, Throughput
-from gpt.training.optimizer import make_optimizer, set_lr, step_unless_nonfinite
+from gpt.training.optimizer import set_lr
 from gpt.training.schedule import lr_at, warmup_steps
-
-# DDP's gradient buckets, in MB: GPT-2 small's 652 MB of float32 gradients in 7 all-reduces instead of the default
-# 25 MB's 27. Fewer, larger messages still overlap the backward pass (each starts once its layers' gradients are
-# in), and under torch.compile DDP splits the graph at every bucket boundary: 7 subgraphs to fuse, not 27.
-DDP_BUCKET_MB = 100
+from gpt.training.step import StepEngine, train_reader
 
 
 @dataclass
@@ -116,23 +104,6 @@ def train(
             dist.close()
 
 
-class RepeatedBatches:
-    """A training reader's stand-in that hands back the same micro-batches (x, y) at every step: what
-    ``Trainer.ready_to_step`` times with no reading in the steps, or probes memory with."""
-
-    def __init__(self, batches: list[tuple[torch.Tensor, torch.Tensor]]):
-        self.batches, self.accum = list(batches), len(batches)
-
-    def next_step(self):
-        return self.batches
-
-    def check_capacity(self, steps: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 @dataclass
 class Watchers:
     """The loop's sinks and monitors, made when it starts (``Trainer.start``)."""
@@ -145,8 +116,9 @@ class Watchers:
 
 
 class Trainer:
-    """One training run on this rank: ``preflight``, ``build``, then ``train``. Outside a run (the
-    benchmark, the memory probe): ``ready_to_step``, then ``train_step`` as often as wanted.
+    """One training run on this rank: ``preflight``, ``build``, then ``train``. The model, optimizer and
+    the step itself are its ``engine``'s (``gpt.training.step.StepEngine``), which the benchmark and the memory
+    probe use without a run.
 
     Every attribute is declared here; those that a stage sets are None until it has run. The run's
     bookkeeping (its folder, lock, fingerprint, summary) is the ledger's (``gpt.run.ledger``)."""
@@ -162,18 +134,11 @@ class Trainer:
         self.diverged_at: int | None = None  # the step a divergence was first seen at (check_divergence)
         # preflight
         self.val: TokenRange | None = None  # the validation range (open_data)
-        self.reader: TrainBatches | RepeatedBatches | None = None  # this rank's training batches (open_reader)
+        self.reader: TrainBatches | None = None  # this rank's training batches (open_reader)
         # build
-        self.model: GPT | None = None
+        self.engine = StepEngine(cfg, dist, self.fast)  # the model, optimizer, grad scaler and the step itself
         self.total_steps: int | None = None  # the run's planned optimizer steps
         self.warmup: int | None = None  # of those, warmup steps
-        self.params: list[torch.nn.Parameter] = []  # the model's parameters, for the gradient norm
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.scaler: torch.amp.GradScaler | None = None  # enabled for fp16 only
-        # prepare_step
-        self.net: torch.nn.Module | None = None  # the model as stepped: DDP- and compile-wrapped as configured
-        self.scorer: torch.nn.Module | None = None  # train.compile: the model compiled for validation, never DDP
-        self.autocast = None  # a context-manager factory for the forward passes (autocast_for)
         # start
         self.watch: Watchers | None = None  # the loop's sinks and monitors
         self.last_checkpoint: Path | None = None  # rank 0: the newest checkpoint written
@@ -217,29 +182,14 @@ class Trainer:
 
     def open_reader(self, data_dir: Path) -> None:
         """The training reader of this rank, reading ahead where the fast path says so."""
-        cfg, dist, t = self.cfg, self.dist, self.cfg.train
-        self.reader = TrainBatches(
-            open_split(data_dir, cfg.data.train_split),
-            cfg.model.context_length,
-            t.micro_batch_size,
-            t.global_batch_size,
-            rank=dist.rank,
-            world_size=dist.world_size,
-            seed=t.seed,
-            shuffle=cfg.data.shuffle,
-            vocab_size=cfg.model.vocab_size,
-            prefetch=self.fast.prefetch,
-            pin_memory=self.fast.pin_memory,
-        )
+        self.reader = train_reader(self.cfg, self.dist, self.fast, data_dir)
 
     def build(self) -> None:
-        """Seed, build the model, optimizer, grad scaler; load the checkpoint resumed from."""
-        cfg, dist, t = self.cfg, self.dist, self.cfg.train
-        random.seed(t.seed + dist.rank)
-        np.random.seed(t.seed + dist.rank)
-        torch.manual_seed(t.seed + dist.rank)  # dropout masks differ across ranks, as they should
-        self.model = GPT(cfg.model, seed=cfg.init_seed)
-        self.total_steps = cfg.total_steps(self.model.num_params(norms=False))
+        """Seed, build the model (``StepEngine``), refuse a length it cannot warm up in, then the optimizer and
+        grad scaler; load the checkpoint resumed from."""
+        cfg = self.cfg
+        model = self.engine.build_model()
+        self.total_steps = cfg.total_steps(model.num_params(norms=False))
         self.progress.total_steps = self.total_steps
         self.warmup = warmup_steps(self.total_steps, cfg.optim.warmup_frac)
         if self.warmup >= self.total_steps > 1:
@@ -249,14 +199,9 @@ class Trainer:
                 "lower optim.warmup_frac or train for more steps"
             )
         self.reader.check_capacity(self.total_steps)
-        if dist.device.type == "cuda":
-            apply_tf32(self.fast.tf32)
-        self.model.to(dist.device)
-        self.params = list(self.model.parameters())
-        self.optimizer = make_optimizer(self.model, cfg.optim)
-        self.scaler = torch.amp.GradScaler(dist.device.type, enabled=self.fast.precision == "fp16")
+        self.engine.build_optimizer()
         if self.ledger.resume_from is not None:
-            load_weights(self.model, self.ledger.resume_from)
+            load_weights(model, self.ledger.resume_from)
             self.load_state_dict(load_state(self.ledger.resume_from))
             self.ledger.check_length(self.progress.total_steps, self.progress.step, self.total_steps)
 
@@ -264,8 +209,8 @@ class Trainer:
         """Everything besides the weights that continuing exactly needs. Every rank calls it:
         it gathers every rank's RNG states."""
         return {
-            "optimizer": self.optimizer.state_dict(),
-            "scaler": self.scaler.state_dict(),
+            "optimizer": self.engine.optimizer.state_dict(),
+            "scaler": self.engine.scaler.state_dict(),
             "data": self.reader.state_dict(),
             "progress": {
                 **vars(self.progress),
@@ -276,58 +221,19 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scaler.load_state_dict(state["scaler"])
+        self.engine.optimizer.load_state_dict(state["optimizer"])
+        self.engine.scaler.load_state_dict(state["scaler"])
         self.reader.load_state_dict(state["data"])
         self.progress = Progress(**{"total_steps": None, **state["progress"]})  # older checkpoints: no plan
         rngs = state["rng"]  # a run resumed on more ranks than it had: the new ones take rank 0's
         set_rng_state(rngs[self.dist.rank] if self.dist.rank < len(rngs) else rngs[0])
-
-    def ready_to_step(
-        self,
-        data_dir: Path | None = None,
-        *,
-        repeat: bool = False,
-        batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-    ) -> None:
-        """Make ``train_step`` callable outside a run (no run folder, no checkpoint, no logging): what the
-        benchmark times and the memory probe tries. The steps read the training split of ``data_dir``; with
-        ``repeat``, its first step's micro-batches again and again (no reading in the steps); or ``batches``,
-        given, at every step. Then build and prepare the step as a run does."""
-        if batches is None:
-            self.open_reader(data_dir)
-            if repeat:
-                batches = list(self.reader.next_step())
-                self.reader.close()
-        if batches is not None:
-            self.reader = RepeatedBatches(batches)
-        self.build()
-        self.prepare_step()
-
-    def prepare_step(self) -> None:
-        """Wrap the model for DDP and torch.compile, and choose the autocast: what ``train_step`` runs."""
-        dist = self.dist
-        self.net = self.model
-        if dist.enabled:
-            self.net = DDP(
-                self.model,
-                device_ids=[dist.device.index] if dist.device.type == "cuda" else None,
-                bucket_cap_mb=DDP_BUCKET_MB,
-                gradient_as_bucket_view=True,  # the gradients live in the buckets: one copy of them, not two
-            )
-        if self.fast.compile:
-            self.net = torch.compile(self.net)
-        # validation: the full batches through a compiled model of their own (no DDP: ranks may score
-        # different numbers of batches), the ragged last one eager (it would compile again)
-        self.scorer = torch.compile(self.model) if self.fast.compile else None
-        self.autocast = autocast_for(self.fast.precision, dist.device)
 
     def start(self) -> None:
         """Set the run directory up (rank 0), prepare the step, open the sinks."""
         cfg, dist, p = self.cfg, self.dist, self.progress
         for note in dist.on_main(self.open_run):
             print(note, file=sys.stderr)
-        self.prepare_step()
+        self.engine.prepare()
         self.watch = Watchers(
             metrics=Metrics(self.run, cfg) if dist.is_main else None,
             window=LossWindow(dist.device, p.window if dist.is_main else None),  # all of a resumed window: rank 0
@@ -389,7 +295,7 @@ class Trainer:
         p, status, reason = self.progress, COMPLETED, None
         while p.step < self.total_steps:
             lr = self.scheduled_lr(p.step)
-            set_lr(self.optimizer, lr)
+            set_lr(self.engine.optimizer, lr)
             loss_sum, grad_norm, skipped = self.first_step() if self.first_step_seconds is None else self.train_step()
             self.watch.divergence.record(skipped)
             self.watch.window.add(loss_sum, self.reader.accum)
@@ -441,35 +347,10 @@ class Trainer:
         )
 
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One optimizer step on this rank's micro-batches of the next global step.
-
-        Returns device tensors, nothing waited for: the sum of the micro-batch losses,
-        the gradient norm before clipping, and whether the update was skipped.
-        """
-        dist, accum = self.dist, self.reader.accum
-        loss_sum = torch.zeros((), device=dist.device)
+        """One optimizer step on this rank's micro-batches of the next global step (``StepEngine.step``): device
+        tensors, nothing waited for. On a stats step rank 0's probe measures inside it."""
         probe = self.probe if self.probe is not None and self.probe.due(self.progress.step + 1) else None
-        first = None  # the step's first micro-batch: a stats step's activations are its
-        for k, (x, y) in enumerate(self.reader.next_step()):  # x, y: (micro_batch, T)
-            x, y = dist.to_device(x), dist.to_device(y)
-            first = x if first is None else first
-            last = not dist.enabled or k == accum - 1  # DDP all-reduces the gradients on the last one only
-            with contextlib.nullcontext() if last else self.net.no_sync():
-                with self.autocast():
-                    loss = self.net(x, y, loss_only=True)[1]
-                self.scaler.scale(loss / accum).backward()
-            loss_sum += loss.detach()
-        self.scaler.unscale_(self.optimizer)  # a no-op unless fp16
-        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
-        if probe is not None:  # rank 0, every log.stats_every steps: before clipping and the update
-            probe.measure(self.model, first, self.autocast, self.scaler)
-        if self.cfg.optim.grad_clip is not None:
-            torch.nn.utils.clip_grads_with_norm_(self.params, self.cfg.optim.grad_clip, grad_norm)
-        skipped = step_unless_nonfinite(self.optimizer, self.scaler, grad_norm)
-        if probe is not None:
-            probe.after_update(self.model)
-        self.optimizer.zero_grad(set_to_none=True)
-        return loss_sum, grad_norm, skipped
+        return self.engine.step(self.reader.next_step(), self.reader.accum, probe)
 
     def first_step(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """This process's first step, timed apart and left out of tokens/s: it compiles the model
@@ -549,13 +430,13 @@ class Trainer:
         p = self.progress
         # the unwrapped model: ranks may score different numbers of batches, DDP must not see it
         p.last_val = evaluate_loss(
-            self.model,
+            self.engine.model,
             self.val,
             self.dist,
             seq_len=self.cfg.model.context_length,
             batch_size=self.cfg.train.micro_batch_size,
-            autocast=self.autocast,
-            compiled=self.scorer,
+            autocast=self.engine.autocast,
+            compiled=self.engine.scorer,
         )[0]
         record["val_loss"] = p.last_val
         if p.last_val < p.best_val:
@@ -586,7 +467,7 @@ class Trainer:
             path = save_checkpoint(
                 self.run.checkpoints,
                 p.step,
-                self.model,
+                self.engine.model,
                 state=state,
                 config_yaml=self.ledger.config_yaml,
                 info=info,
@@ -625,8 +506,8 @@ class Trainer:
             "nonfinite_steps": self.watch.divergence.counts()[0],
             "diverged_at_step": self.diverged_at if status == DIVERGED else None,
             "early_warnings": self.warning.lines if self.warning is not None else [],  # log.stats_every's
-            "n_params": self.model.num_params(),  # a tied weight once, vocabulary padding not at all
-            "n_params_outside_norms": self.model.num_params(norms=False),
+            "n_params": self.engine.model.num_params(),  # a tied weight once, vocabulary padding not at all
+            "n_params_outside_norms": self.engine.model.num_params(norms=False),
             "norm_type": cfg.model.norm_type,
             "seed": cfg.train.seed,
             "precision": self.fast.precision,

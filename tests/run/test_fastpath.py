@@ -178,15 +178,15 @@ def test_validation_scores_its_full_batches_through_the_compiled_model(train_yam
     trainer = Trainer(load_config(train_yaml(), ["train.compile=true"]), Dist())
     trainer.open_data(trainer.cfg.data.path)
     trainer.build()
-    trainer.prepare_step()
+    trainer.engine.prepare()
     record = {}
     trainer.validate(record)
     trainer.release()
     n_seq = trainer.val.n_sequences(trainer.cfg.model.context_length)
     batch = trainer.cfg.train.micro_batch_size
-    assert n_seq % batch and trainer.scorer.batches == [batch] * (n_seq // batch)  # the ragged one: eager
+    assert n_seq % batch and trainer.engine.scorer.batches == [batch] * (n_seq // batch)  # the ragged one: eager
     eager = evaluate_loss(
-        trainer.model, trainer.val, Dist(), seq_len=trainer.cfg.model.context_length, batch_size=batch
+        trainer.engine.model, trainer.val, Dist(), seq_len=trainer.cfg.model.context_length, batch_size=batch
     )
     assert record["val_loss"] == eager[0]
 
@@ -203,7 +203,7 @@ def test_tf32_is_set_through_one_api_and_compile_never_autotunes(train_yaml, mon
     trainer = Trainer(load_config(train_yaml(), ["train.compile=true"]), Dist())
     trainer.open_reader(trainer.cfg.data.path)
     trainer.build()
-    trainer.prepare_step()
+    trainer.engine.prepare()
     trainer.release()
     assert calls == [{}, {}]  # the step's and validation's torch.compile(model): default mode, no max-autotune
     matmul = torch.backends.cuda.matmul

@@ -5,6 +5,7 @@ running the README's commands, and the numbers they state computed again."""
 import argparse
 import importlib
 import importlib.util
+import json
 import re
 import shlex
 from pathlib import Path
@@ -171,6 +172,30 @@ def test_the_map_names_modules_that_exist():
     assert missing == [], f"docs/architecture.md maps modules that are not in the package: {missing}"
 
 
+def test_the_map_names_every_module():
+    """A module added to a wing (or split out of one) has its row in docs/architecture.md's map."""
+    named, wing = set(), None
+    for cells in table((DOCS / "architecture.md").read_text(), "## The wings", keep_first=True):
+        wing = cells[0] or wing
+        named |= {f"{wing}{m}" for m in re.findall(r"`([\w.]+\.py)`", cells[1])}
+    modules = {
+        str(p.relative_to(ROOT / "gpt"))
+        for p in (ROOT / "gpt").glob("*/*.py")
+        if p.name != "__init__.py" and p.parent.name != "hub_code"
+    }
+    unnamed = sorted(m for m in modules if m not in named and not m.startswith("commands/"))
+    assert unnamed == [], f"docs/architecture.md, '## The wings': add a row for each of {unnamed}"
+
+
+def test_the_metrics_list_names_every_key_a_run_logs(tiny_run):
+    """docs/training.md says what a metrics.jsonl line holds: every key a run writes is named there."""
+    text = (DOCS / "training.md").read_text()
+    listed = text[text.index("`metrics.jsonl` (rank 0") : text.index("`stats.jsonl`")]
+    keys = {k for line in (tiny_run / "metrics.jsonl").read_text().splitlines() for k in json.loads(line)}
+    unnamed = sorted(k for k in keys if not re.search(rf"\b{k}\b", listed))
+    assert unnamed == [], f"docs/training.md, '## The run directory': name {unnamed} in metrics.jsonl's list"
+
+
 # --------------------------------------------------------------------------- commands
 
 
@@ -305,9 +330,12 @@ def test_the_result_table_quotes_the_write_up():
     assert f"ended {gaps[0]}-{gaps[1]} lower in test loss" in text
 
 
-def test_the_norm_table_names_real_norm_types():
+def test_the_norm_table_names_every_norm_type_and_no_other():
+    """A norm type registered in gpt/model/norms.py has its row in the README's table (in the registry's order)."""
     named = table(README.read_text(), "## The norm types")
-    assert set(named) <= set(NORM_TYPES) and len(named) >= 5
+    missing = [t for t in NORM_TYPES if t not in named]
+    assert not missing, f"README.md, '## The norm types': add a row for each of {missing}"
+    assert list(named) == list(NORM_TYPES), "README.md's norm table: one row per registered norm type, in its order"
 
 
 def test_the_commands_table_is_the_packages():

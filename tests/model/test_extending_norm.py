@@ -1,5 +1,6 @@
-"""Adding a norm type is one registry entry: a ScaleNorm declared only in this file is a valid config
-choice, builds, trains, exports and reloads, with no other file changed (docs/extending.md)."""
+"""Adding a norm type is one registry entry: a ScaleNorm declared only in this file (as ``test_scalenorm``, so
+that it never meets the ``scalenorm`` docs/extending.md's recipe adds) is a valid config choice, builds, trains,
+exports and reloads, with no other file changed."""
 
 import inspect
 import json
@@ -41,7 +42,7 @@ class ScaleNorm(nn.Module):
 
 
 # The whole addition: this entry (in gpt/model/norms.py, a register_norm call after the others).
-SCALENORM = NormType("scalenorm", ScaleNorm, "ScaleNorm: weight * sqrt(d) * x / ||x||, one scalar weight", (EPS,))
+SCALENORM = NormType("test_scalenorm", ScaleNorm, "ScaleNorm: weight * sqrt(d) * x / ||x||, one scalar weight", (EPS,))
 
 
 @pytest.fixture
@@ -49,7 +50,7 @@ def scalenorm():
     register_norm(SCALENORM)
     yield SCALENORM
     unregister_norm(SCALENORM.name)
-    assert "scalenorm" not in norms.NORM_TYPES
+    assert "test_scalenorm" not in norms.NORM_TYPES
 
 
 def overrides(steps=4):
@@ -58,13 +59,13 @@ def overrides(steps=4):
 
 def test_a_norm_type_not_registered_is_refused(tmp_path, token_set):
     path = write_train_yaml(tmp_path, token_set, "scale")
-    with pytest.raises(ConfigError, match="model.norm_type: 'scalenorm' is not one of: handrolled_layernorm, "):
-        load_config(path, ["model.norm_type=scalenorm"])
+    with pytest.raises(ConfigError, match="model.norm_type: 'test_scalenorm' is not one of: handrolled_layernorm, "):
+        load_config(path, ["model.norm_type=test_scalenorm"])
 
 
 def test_the_registry_entry_makes_it_a_config_choice_and_a_norm(scalenorm, tmp_path, token_set):
-    assert (*NORM_TYPES, "scalenorm") == norms.NORM_TYPES and ScaleNorm in norms.NORM_MODULES
-    cfg = load_config(write_train_yaml(tmp_path, token_set, "scale"), ["model.norm_type=scalenorm"])
+    assert (*NORM_TYPES, "test_scalenorm") == norms.NORM_TYPES and ScaleNorm in norms.NORM_MODULES
+    cfg = load_config(write_train_yaml(tmp_path, token_set, "scale"), ["model.norm_type=test_scalenorm"])
     model = GPT(cfg.model, seed=0)
     assert isinstance(model.ln_f, ScaleNorm) and model.ln_f.eps == cfg.model.norm_eps
     # 2 blocks x 2 norms + the final one, one scalar each: known as norm parameters, left at their init
@@ -85,9 +86,9 @@ print(json.dumps({"class": type(model).__name__, "norm": type(model.gpt.ln_f).__
 
 
 def test_a_norm_registered_only_here_trains_exports_and_reloads(scalenorm, tmp_path, token_set):
-    cfg = load_config(write_train_yaml(tmp_path, token_set, "scale"), ["model.norm_type=scalenorm", *overrides()])
+    cfg = load_config(write_train_yaml(tmp_path, token_set, "scale"), ["model.norm_type=test_scalenorm", *overrides()])
     summary = train(cfg)
-    assert summary["status"] == "completed" and summary["norm_type"] == "scalenorm"
+    assert summary["status"] == "completed" and summary["norm_type"] == "test_scalenorm"
     losses = [r["train_loss"] for r in RunDir(cfg.run_dir).metrics() if "train_loss" in r]
     assert len(losses) == 4 and all(map(math.isfinite, losses)) and losses[-1] < losses[0]
     ckpt = find_checkpoint(cfg.run_dir)
@@ -103,8 +104,8 @@ def test_a_norm_registered_only_here_trains_exports_and_reloads(scalenorm, tmp_p
     files = export_checkpoint(ckpt, folder, "me/gpt-scalenorm")
     assert {"model.safetensors", "config.json", "norms.py", "modeling_gpt_norm.py"} <= set(files)
     config = json.loads((folder / "config.json").read_text())
-    assert (config["norm_type"], config["norm_eps"]) == ("scalenorm", 1e-5)
-    assert "scalenorm" in (folder / "README.md").read_text()
+    assert (config["norm_type"], config["norm_eps"]) == ("test_scalenorm", 1e-5)
+    assert "test_scalenorm" in (folder / "README.md").read_text()
 
     loaded = load_published(folder)  # the package's own loader
     assert isinstance(loaded.ln_f, ScaleNorm)

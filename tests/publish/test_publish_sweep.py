@@ -16,7 +16,7 @@ from gpt.commands.cli import standard_hooks
 from gpt.config import load_config
 from gpt.evaluation.held_out import EvalOptions, evaluate_checkpoint
 from gpt.publish.sync import Item, collection_changes
-from gpt.run.directory import COMPLETED, RunDir
+from gpt.run.directory import CHARTS, COMPLETED, RunDir
 from gpt.run.distributed import setup
 from gpt.training.loop import train
 
@@ -184,7 +184,7 @@ def test_publishing_again_changes_nothing_and_a_new_seed_uploads_only_itself(swe
         "runs/tiny-pytorch-layernorm-s2/summary.json",
         "runs/tiny-pytorch-layernorm-s2/metrics.jsonl",
         "runs/tiny-pytorch-layernorm-s2/eval-test-fp32.json",
-    } | ({"loss.png", "lr.png", "grad_norm.png"} & changed)  # curves' charts redrawn with a third seed
+    } | ({c.file for c in CHARTS} & changed)  # curves' charts (every one in CHARTS) redrawn with a third seed
     ids = [i["id"] for i in the_collection(hub)["items"]]
     assert ids[:4] == ["me/tiny-comparison", *[f"me/tiny-pytorch-layernorm-s{s}" for s in (0, 1, 2)]]
 

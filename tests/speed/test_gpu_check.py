@@ -18,6 +18,7 @@ from synthetic import no_sync_between_log_steps
 from gpt.common.files import process_alive
 from gpt.config import load_config
 from gpt.model.gpt import GPT
+from gpt.model.norms import NORM_TYPES
 from gpt.speed.gpu_check import FILES, check, check_stages, select
 from gpt.speed.progress_plugin import results_of_tests
 from gpt.speed.stages import GRACE_S, Stage, budget_lines, run_stages
@@ -162,7 +163,7 @@ def test_plan_and_selection(tmp_path):
     assert [s.name for s in full] == ["norms", "eager", "tests", "compiled", "micro_batch"]
     compiled = next(s for s in full if s.name == "compiled").command
     assert compiled[compiled.index("--norm-types") + 1 :][:2] == ["pytorch_layernorm", "handrolled_layernorm"]
-    assert len(compiled[compiled.index("--norm-types") + 1 :]) == 7
+    assert sorted(compiled[compiled.index("--norm-types") + 1 :]) == sorted(NORM_TYPES)  # every registered one
     quick = check_stages(tmp_path, ROOT / "tests" / "speed" / "test_cuda.py", CONFIGS / "gpt2-small.yaml", quick=True)
     assert [s.name for s in quick] == ["eager", "tests", "compiled"]
     tests = next(s for s in quick if s.name == "tests").command
@@ -430,7 +431,7 @@ def test_the_check_imports_nothing_absent_from_the_gpu_machine(tmp_path):
     lines = {line.split()[0]: line.split()[1] for line in summary.splitlines() if line.split()[:1]}
     assert (lines["eager"], lines["tests"], lines["micro_batch"]) == ("passed", "passed", "failed"), summary
     assert "--find-micro-batch measures GPU memory, and no CUDA GPU is visible here" in summary
-    assert len((out / "rows.jsonl").read_text().splitlines()) == 7 and result.returncode == 1
+    assert len((out / "rows.jsonl").read_text().splitlines()) == len(NORM_TYPES) and result.returncode == 1
     norms = subprocess.run(
         [
             sys.executable,
@@ -456,4 +457,4 @@ def test_the_check_imports_nothing_absent_from_the_gpu_machine(tmp_path):
         timeout=300,
     )
     assert norms.returncode == 0, norms.stderr
-    assert len((out / "norms.jsonl").read_text().splitlines()) == 7
+    assert len((out / "norms.jsonl").read_text().splitlines()) == len(NORM_TYPES)

@@ -17,10 +17,9 @@ acc_token_mean, with every item's answers) into eval-hellaswag-<precision>.json,
 --hellaswag FILE or the validation set cached in ~/.cache/gpt-norm-harness/hellaswag
 ($GPT_NORM_CACHE), fetched there once when a network exists.
 
---lm-eval TASKS (comma-separated) runs EleutherAI's lm-evaluation-harness on each checkpoint,
-exported to a temporary transformers folder (an optional extra: pip install '.[eval]');
---lm-eval-include DIR adds task YAMLs of one's own. Its results, with every item's
-log-likelihoods, are kept as eval-lm-eval-fp32.json.
+--lm-eval TASKS (comma-separated) runs EleutherAI's lm-evaluation-harness on each checkpoint, exported to
+a temporary transformers folder (an optional extra: pip install '.[eval]'); --lm-eval-include DIR adds task
+YAMLs of one's own. Its results, with every item's log-likelihoods, are kept as eval-lm-eval-fp32.json.
 
 Each task (--task NAME, and the arguments it adds) is declared once in gpt/evaluation/tasks.py
 (lm-eval beside its machinery, gpt/publish/lm_eval_bridge.py); the ones chosen run in that order.
@@ -36,7 +35,8 @@ from gpt.config import PRECISIONS
 
 
 def parse_args(argv: list[str] | None):
-    from gpt.evaluation.tasks import TASKS, positive_int
+    from gpt.evaluation.declaration import positive_int
+    from gpt.evaluation.tasks import TASKS
     from gpt.publish import lm_eval_bridge  # noqa: F401  (lm-eval's task: registered beside its machinery)
 
     parser = parser_for(__doc__, 2)
@@ -87,8 +87,8 @@ def chosen_tasks(args) -> list:
 @command
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from gpt.evaluation.declaration import TaskInputs
     from gpt.evaluation.held_out import EvalOptions
-    from gpt.evaluation.tasks import TaskInputs
     from gpt.run.directory import resolve_which
     from gpt.run.distributed import setup
 

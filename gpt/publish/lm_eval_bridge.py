@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from gpt.common.errors import UserError, first_line
-from gpt.evaluation.tasks import Option, Task, TaskInputs, positive_int, register_task
+from gpt.evaluation.declaration import Option, Task, TaskInputs, positive_int
+from gpt.evaluation.tasks import register_task
 from gpt.publish.export import export_checkpoint
 from gpt.run.checkpoints import checkpoint_config, checkpoint_identity
 from gpt.run.directory import write_eval_result

@@ -13,8 +13,9 @@ from gpt.analysis.table import compare
 from gpt.commands.evaluate import main
 from gpt.common.errors import UserError
 from gpt.config import load_config
+from gpt.evaluation.declaration import Metric, Option, Task, TaskInputs
 from gpt.evaluation.held_out import RangeOverride, held_out_range
-from gpt.evaluation.tasks import TASKS, Metric, Option, Task, TaskInputs, register_task, unregister_task
+from gpt.evaluation.tasks import TASKS, register_task, unregister_task
 from gpt.model.gpt import GPT
 from gpt.publish.export import export_checkpoint
 from gpt.run.checkpoints import checkpoint_config, checkpoint_identity, load_weights

@@ -15,7 +15,7 @@ from gpt.publish.card import LICENSE
 from gpt.publish.export import export_checkpoint
 from gpt.publish.naming import Names
 from gpt.publish.sweep_source import Sweep, SweepRun
-from gpt.run.directory import COMPLETED, eval_result_files
+from gpt.run.directory import COMPLETED
 
 DATASET_RUNS = "runs"  # the dataset's folder of per-run files
 
@@ -25,7 +25,12 @@ def model_files(r: SweepRun, names: Names, tmp: Path) -> dict[str, Path]:
     folder = tmp / r.name
     row = {"dataset": names.dataset, "run": r.name, "group": r.group, "seed": r.seed, "status": r.status}
     files = export_checkpoint(
-        r.ckpt, folder, names.models[r.name], run=r.run, experiment={**row, "test_loss": r.test_loss}
+        r.ckpt,
+        folder,
+        names.models[r.name],
+        run=r.run,
+        experiment={**row, "test_loss": r.test_loss},
+        evaluations=r.evaluations,
     )
     return {name: folder / name for name in files}
 
@@ -53,7 +58,7 @@ def dataset_files(sweep: Sweep, names: Names, tmp: Path) -> dict[str, Path]:
     for r in sweep.runs:
         record = [r.run.config_file, r.run.summary_file, r.run.metrics_file]
         if r.status == COMPLETED:
-            record += eval_result_files(r.run.checkpoint("final"))
+            record += r.evaluations.files  # the final checkpoint's, as choose_checkpoint found them
         for path in record:
             if path.is_file():
                 files[f"{DATASET_RUNS}/{r.name}/{path.name}"] = path

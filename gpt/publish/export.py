@@ -21,7 +21,7 @@ from gpt.evaluation.tasks import TASKS
 from gpt.publish.card import CardFacts, card_text
 from gpt.publish.layouts import Layout, export_weights, hub_config, read_weights, write_code
 from gpt.run.checkpoints import MODEL_FILE, checkpoint_config, checkpoint_tokenizer, read_info
-from gpt.run.directory import RunDir, comparisons_beside, read_eval_result
+from gpt.run.directory import Evaluations, RunDir, comparisons_beside
 
 EOT = "<|endoftext|>"
 
@@ -60,10 +60,13 @@ def card_facts(
     comparison: dict | None,
     layout: Layout,
     experiment: dict | None = None,
+    evaluations: Evaluations | None = None,
 ) -> CardFacts:
-    """What the card says of ``ckpt``: its info, the run's summary and charts, its test loss."""
+    """What the card says of ``ckpt``: its info, the run's summary and charts, its test loss and tasks
+    (``evaluations``: its results as the caller read them; by default read here)."""
     info = read_info(ckpt)
-    evaluation = next((e for p in ("fp32", "bf16", "fp16") if (e := read_eval_result(ckpt, "test", p))), None)
+    evaluations = evaluations or Evaluations(ckpt)
+    evaluation = next((e for p in ("fp32", "bf16", "fp16") if (e := evaluations.result("test", p))), None)
     meta = read_meta(cfg.data.path) if cfg.data.path else None
     source = (meta or {}).get("source")  # prepare_data's description: a Hub data set's repo, or a name
     if isinstance(source, dict):
@@ -81,7 +84,9 @@ def card_facts(
         data_source=source if isinstance(source, str) else None,
         layout=layout,
         loss_png=run.loss_chart.is_file(),
-        tasks={t.name: r for t in TASKS.values() if t.card is not None and (r := t.result(ckpt)) is not None},
+        tasks={
+            t.name: r for t in TASKS.values() if t.card is not None and (r := evaluations.result(t.name)) is not None
+        },
         experiment=experiment,
     )
 
@@ -116,9 +121,11 @@ def export_checkpoint(
     summary: dict | None = None,
     comparison: dict | None = None,
     experiment: dict | None = None,
+    evaluations: Evaluations | None = None,
 ) -> list[str]:
     """Write ``ckpt`` into ``folder`` as a Hub repo's files; returns their names. ``comparison``: the run's
-    group in a comparison; ``experiment``: its row in a sweep published whole (``gpt.publish.release``)."""
+    group in a comparison; ``experiment``: its row in a sweep published whole (``gpt.publish.release``);
+    ``evaluations``: its results, read once by the caller (``gpt.run.directory.Evaluations``)."""
     cfg = checkpoint_config(ckpt)
     tokenizer = checkpoint_tokenizer(ckpt)
     if tokenizer in OFFLINE and tokenizer != "gpt2":  # the export ships GPT-2's tokenizer files
@@ -136,7 +143,7 @@ def export_checkpoint(
         files += write_code(folder)
     n_params = sum(v.numel() for v in weights.values())  # as published: a tied head once, no padding
     run = run or RunDir.of_checkpoint(ckpt)
-    facts = card_facts(ckpt, cfg, repo_id, n_params, run, summary, comparison, layout, experiment)
+    facts = card_facts(ckpt, cfg, repo_id, n_params, run, summary, comparison, layout, experiment, evaluations)
     if facts.loss_png:
         copy_atomically(run.loss_chart, folder / run.loss_chart.name)
         files.append(run.loss_chart.name)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gpt.common.errors import UserError
 from gpt.common.files import read_json
-from gpt.run.directory import COMPARISON_FILE, COMPLETED, RunDir, read_eval_result
+from gpt.run.directory import COMPARISON_FILE, COMPLETED, Evaluations, RunDir
 
 
 @dataclass
@@ -22,6 +22,7 @@ class SweepRun:
     status: str  # completed, diverged, interrupted, ...
     test_loss: float | None  # as the comparison has it
     ckpt: Path | None = None  # what its model repo holds; None: not published
+    evaluations: Evaluations | None = None  # of its final checkpoint (completed) or of ckpt: read once, shared
     left_out: str | None = None  # why it is not published
 
 
@@ -63,7 +64,8 @@ def choose_checkpoint(r: SweepRun, split: str, include_failed: bool) -> None:
     """Set ``r.ckpt`` to what its repo publishes, or ``r.left_out`` to why nothing is."""
     if r.status == COMPLETED:
         ckpt = r.run.checkpoint("final")
-        if read_eval_result(ckpt, split, "fp32") is None:
+        r.evaluations = Evaluations(ckpt)
+        if r.evaluations.result(split, "fp32") is None:
             r.left_out = f"completed, not evaluated (python evaluate.py {r.run.path})"
         else:
             r.ckpt = ckpt
@@ -75,6 +77,8 @@ def choose_checkpoint(r: SweepRun, split: str, include_failed: bool) -> None:
         r.ckpt = r.run.checkpoint("latest")
     except UserError:
         r.left_out = f"{r.status}, and no checkpoint to publish"
+    else:
+        r.evaluations = Evaluations(r.ckpt)
 
 
 def read_sweep(folder: Path, comparison: Path | None = None, include_failed: bool = False) -> Sweep:

@@ -347,6 +347,27 @@ def eval_result_files(ckpt: Path) -> list[Path]:
     return sorted(Path(ckpt).glob(f"{EVAL_PREFIX}*.json"))
 
 
+class Evaluations:
+    """The evaluation results kept beside one checkpoint, each read once (at its first use) and then handed to
+    whoever needs it: a sweep's release chooses by it, the model card shows it, the dataset uploads its files."""
+
+    def __init__(self, ckpt: Path):
+        self.ckpt = Path(ckpt)
+        self._read: dict[Path, dict | None] = {}
+
+    @property
+    def files(self) -> list[Path]:
+        """Every result file beside the checkpoint."""
+        return eval_result_files(self.ckpt)
+
+    def result(self, split: str, precision: str = "fp32", span: tuple[int, int] | None = None) -> dict | None:
+        """``read_eval_result``'s answer, read from the disk the first time only."""
+        path = eval_result_file(self.ckpt, split, precision, span)
+        if path not in self._read:
+            self._read[path] = read_eval_result(self.ckpt, split, precision, span)
+        return self._read[path]
+
+
 def comparisons_beside(run: RunDir) -> list[Path]:
     """The comparison results in the folders beside ``run`` (a sweep writes one next to its runs)."""
     return sorted(run.path.parent.glob(f"*/{COMPARISON_FILE}"))

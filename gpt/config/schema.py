@@ -10,6 +10,7 @@ one-line errors) is ``gpt.config.loader``'s job.
 
 from __future__ import annotations
 
+import ast
 import math
 import sys
 from collections.abc import Sequence
@@ -20,19 +21,26 @@ from typing import Any
 from gpt.common.errors import quoted
 
 # The choices a config may name. This package imports no torch (a config is checked before anything heavy
-# loads), so the implementations keep their own registries and tests hold these copies equal to them:
-# gpt.model.norms (the norm registry, shipped alone to the Hub; tests/model/test_norms.py prints the edit to
-# make here when they differ), gpt.model.gpt's NORM_PLACEMENTS, gpt.training.schedule and gpt.model.loss
+# loads), so the implementations keep their own registries: the norm types are read from the source of the
+# norm registry (gpt.model.norms, shipped alone to the Hub) without running it, and tests hold the other
+# copies equal to gpt.model.gpt's NORM_PLACEMENTS, gpt.training.schedule and gpt.model.loss
 # (tests/behaviour/test_architecture.py).
-NORM_TYPES = (
-    "handrolled_layernorm",
-    "pytorch_layernorm",
-    "handrolled_rmsnorm",
-    "pytorch_rmsnorm",
-    "no_norm",
-    "dyt",
-    "handrolled_layernorm_fast",
-)
+NORM_REGISTRY = Path(__file__).parents[1] / "model" / "norms.py"
+
+
+def declared_norm_types(source: Path = NORM_REGISTRY) -> tuple[str, ...]:
+    """The norm types the registry declares, in its order: the name of each ``NormType("name", ...)`` in its
+    source (a parse, not an import: no torch). tests/model/test_norms.py holds them equal to the registry."""
+    calls = [
+        node
+        for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"), str(source)))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "NormType"
+    ]
+    calls.sort(key=lambda node: (node.lineno, node.col_offset))
+    return tuple(c.args[0].value for c in calls if c.args and isinstance(c.args[0], ast.Constant))
+
+
+NORM_TYPES = declared_norm_types()
 NORM_PLACEMENTS = ("pre", "post", "peri")  # where a block's norms sit (model.norm_placement)
 QK_NORMS = ("none", "head", "full")  # what QK-norm normalises over (model.qk_norm)
 NORM_COMPUTE_DTYPES = ("input", "float32")  # what a norm computes in (model.norm_compute_dtype)
@@ -89,7 +97,7 @@ def opt(
 
 class _NormTypeChoices(Sequence[str]):
     """model.norm_type's choices: the norm registry's names once ``gpt.model.norms`` is loaded (so a norm
-    type registered at run time, as by a test, is one), else ``NORM_TYPES``, its torch-free copy. Looked
+    type registered at run time, as by a test, is one), else ``NORM_TYPES``, the names its source declares. Looked
     up, never imported: loading the config must not load torch."""
 
     def _names(self) -> tuple[str, ...]:

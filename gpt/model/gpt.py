@@ -42,7 +42,7 @@ from .norms import is_norm, make_norm
 NORM_PLACEMENTS = ("pre", "post", "peri")  # model.norm_placement's choices (gpt.config holds a copy)
 QK_NORMS = ("none", "head", "full")  # model.qk_norm's (gpt.config holds a copy)
 # Where and how the norms are applied: each key's value in a config written before it existed (the model it built).
-# A published config.json carries them all (gpt.publish.layouts).
+# A published config.json carries them all (gpt.model.hub_keys).
 NORM_LAYOUT = {
     "norm_placement": "pre",
     "final_norm": True,

@@ -1,4 +1,5 @@
-"""Weight conversion between ``gpt.model.gpt.GPT`` and transformers' ``GPT2LMHeadModel``.
+"""Weight conversion between ``gpt.model.gpt.GPT`` and transformers' ``GPT2LMHeadModel`` (the config's
+shape under GPT-2's names is ``gpt.model.hub_keys``').
 
 Both directions come from one table of names. transformers' GPT-2 stores its linear
 layers as ``Conv1D`` with weights of shape (in, out); ours are ``nn.Linear``, (out, in),
@@ -15,6 +16,7 @@ import torch
 
 from gpt.config import ModelConfig
 from gpt.model.gpt import GPT, VOCAB_ROWS
+from gpt.model.hub_keys import shape_from_hub, shape_to_hub
 
 # (our name, transformers' name, transpose?) for one block; i is the block index.
 _BLOCK_KEYS = [
@@ -53,15 +55,11 @@ def model_config_from_hf(hf_config: Any, norm_type: str = "pytorch_layernorm") -
     """Our ModelConfig for a transformers ``GPT2Config`` (OpenAI GPT-2: tied, QKV bias)."""
     if getattr(hf_config, "activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
         raise ValueError(f"activation {hf_config.activation_function!r} is not GPT-2's tanh GELU")
+    shape = shape_from_hub(hf_config, tie_word_embeddings=True)  # OpenAI's GPT-2 is tied
     return ModelConfig(
-        vocab_size=hf_config.vocab_size,
-        context_length=hf_config.n_positions,
-        d_model=hf_config.n_embd,
-        n_layers=hf_config.n_layer,
-        n_heads=hf_config.n_head,
+        **{**shape, "tie_weights": bool(shape["tie_weights"])},
         dropout=0.0,
         qkv_bias=True,
-        tie_weights=bool(getattr(hf_config, "tie_word_embeddings", True)),
         norm_type=norm_type,
         norm_eps=hf_config.layer_norm_epsilon,
     )
@@ -93,14 +91,9 @@ def hf_config_kwargs(cfg: ModelConfig) -> dict:
     if mismatch is not None:
         raise ValueError(f"{mismatch[0]}; convertible: {mismatch[1]}")
     return dict(
-        vocab_size=cfg.vocab_size,
-        n_positions=cfg.context_length,
-        n_embd=cfg.d_model,
-        n_layer=cfg.n_layers,
-        n_head=cfg.n_heads,
+        **shape_to_hub(cfg),
         layer_norm_epsilon=cfg.norm_eps,
         activation_function="gelu_new",
-        tie_word_embeddings=cfg.tie_weights,
         resid_pdrop=cfg.dropout,
         embd_pdrop=cfg.dropout,
         attn_pdrop=cfg.dropout,

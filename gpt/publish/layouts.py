@@ -3,7 +3,7 @@
 - ``Layout.REMOTE_CODE`` (every norm type): the harness's parameter names under the prefix
   ``gpt.``, the thin transformers wrapper from ``hub_code/`` (``modeling_gpt_norm.py``,
   ``configuration_gpt_norm.py``) and verbatim copies of the model's own files
-  (``gpt/model/gpt.py``, ``norms.py``, ``loss.py``): the published network is the trained one.
+  (``gpt/model/gpt.py``, ``norms.py``, ``loss.py``, ``hub_keys.py``): the published network is the trained one.
   Loads with ``AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True)``.
 - ``Layout.NATIVE_GPT2`` (pre-norm LayerNorm models without QK-norm only): the stock ``GPT2LMHeadModel``
   layout, no code.
@@ -26,7 +26,7 @@ from gpt.common.errors import first_line
 from gpt.common.files import copy_atomically, read_json
 from gpt.config import Config, config_from_dict, config_to_dict
 from gpt.data.tokenizer import EOT_TOKEN
-from gpt.model.gpt import GPT, NORM_LAYOUT, VOCAB_ROWS
+from gpt.model.gpt import GPT, VOCAB_ROWS
 from gpt.model.gpt2_weights import (
     gpt2_mismatch,
     hf_config_kwargs,
@@ -34,7 +34,7 @@ from gpt.model.gpt2_weights import (
     state_dict_from_hf,
     state_dict_to_hf,
 )
-from gpt.model.norms import norm_param_values
+from gpt.model.hub_keys import model_to_hub
 from gpt.publish.hub_api import HubError
 from gpt.run.checkpoints import MODEL_FILE
 
@@ -49,7 +49,7 @@ class Layout(enum.Enum):
 HUB_CODE = Path(__file__).parent / "hub_code"  # the transformers wrapper: config and model classes
 WRAPPER_FILES = ("configuration_gpt_norm.py", "modeling_gpt_norm.py")
 MODEL_DIR = Path(__file__).parents[1] / "model"
-MODEL_FILES = ("gpt.py", "norms.py", "loss.py")  # shipped verbatim: the wrapper imports the model itself
+MODEL_FILES = ("gpt.py", "norms.py", "loss.py", "hub_keys.py")  # shipped verbatim: the wrapper imports the model itself
 REMOTE_PREFIX = "gpt."  # the wrapper holds the harness's GPT as ``self.gpt``
 
 
@@ -98,16 +98,7 @@ def remote_config(cfg: Config) -> dict:
             "AutoConfig": "configuration_gpt_norm.GPTNormConfig",
             "AutoModelForCausalLM": "modeling_gpt_norm.GPTNormForCausalLM",
         },
-        "vocab_size": m.vocab_size,
-        "n_positions": m.context_length,
-        "n_embd": m.d_model,
-        "n_layer": m.n_layers,
-        "n_head": m.n_heads,
-        "norm_type": m.norm_type,
-        **{key: getattr(m, key) for key in NORM_LAYOUT},  # where and how the norms are applied
-        **norm_param_values(m),  # every norm parameter of the registry (norm_eps, dyt_alpha_init, ...)
-        "qkv_bias": m.qkv_bias,
-        "tie_word_embeddings": m.tie_weights,
+        **model_to_hub(m),  # the one mapping of a model config to config.json keys
         **special_tokens(m.vocab_size),
         "use_cache": True,
         "dtype": "float32",

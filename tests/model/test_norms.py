@@ -177,11 +177,11 @@ def field_line(param, field=None) -> str:
     return f"    {param.name}: {type(param.default).__name__} = opt({number}, {json.dumps(param.doc)}{bounds})"
 
 
-def test_the_config_schema_holds_the_registry_s_names_and_defaults():
-    """gpt.config.schema imports no torch, so it keeps a copy of the registry's names and of each norm
-    parameter (a ModelConfig field of the same name, default and doc); when they differ, this says what to paste."""
-    names = "".join(f"    {json.dumps(t)},\n" for t in NORM_TYPES)
-    assert schema.NORM_TYPES == NORM_TYPES, f"gpt/config/schema.py: make it\nNORM_TYPES = (\n{names})"
+def test_the_config_schema_reads_the_registry_s_names_and_holds_its_defaults():
+    """gpt.config.schema imports no torch: it reads the norm types from the registry's source (each
+    ``NormType("name", ...)`` there), and keeps a copy of each norm parameter (a ModelConfig field of the same
+    name, default and doc); when that differs, this says what to paste."""
+    assert schema.NORM_TYPES == NORM_TYPES, "a NormType in gpt/model/norms.py must name its type as a literal first"
     fields = {f.name: f for f in dataclasses.fields(schema.ModelConfig)}
     for param in NORM_PARAMS.values():
         field = fields.get(param.name)
@@ -190,6 +190,17 @@ def test_the_config_schema_holds_the_registry_s_names_and_defaults():
             f"{field_line(param, field)}"
         )
     assert field_line(NORM_PARAMS["norm_eps"], fields["norm_eps"]) in Path(schema.__file__).read_text()
+
+
+def test_the_schema_sees_a_norm_type_added_to_the_registry_s_source(tmp_path):
+    """A norm type declared last in the registry's tuple is a config choice with no other edit, in source order."""
+    source = schema.NORM_REGISTRY.read_text()
+    anchor = '    NormType("handrolled_layernorm_fast", FastLayerNorm,'
+    assert source.count(anchor) == 1
+    added = '    NormType("scalenorm", ScaleNorm, "doc", (EPS,)),\n    NormType("z_first_on_its_line", Identity),\n'
+    end = source.index("\n", source.index(anchor)) + 1
+    (tmp_path / "norms.py").write_text(source[:end] + added + source[end:])
+    assert schema.declared_norm_types(tmp_path / "norms.py") == (*NORM_TYPES, "scalenorm", "z_first_on_its_line")
 
 
 def test_unknown_norm_type_names_every_valid_type():

@@ -1,7 +1,7 @@
 """The transformers model of a GPT from gpt-norm-harness (shipped to the Hub beside the weights).
 
-A thin ``PreTrainedModel`` around the harness's own ``GPT``: ``gpt.py``, ``norms.py`` and
-``loss.py`` beside this file are verbatim copies of the harness's ``gpt/model/`` files, so the
+A thin ``PreTrainedModel`` around the harness's own ``GPT``: ``gpt.py``, ``norms.py``,
+``loss.py`` and ``hub_keys.py`` beside this file are verbatim copies of the harness's ``gpt/model/`` files, so the
 published network is the trained one, not a second implementation of it. The weights are the
 harness's parameters under the prefix ``gpt.`` (``gpt.wte.weight``, ``gpt.blocks.0.ln_1.weight``).
 ``generate()`` works as with any causal LM of transformers 5: a key-value cache (transformers'
@@ -10,36 +10,14 @@ with an ``attention_mask``.
 Self-contained: it imports torch, transformers and its sibling files only.
 """
 
-from types import SimpleNamespace
-
 import torch.nn as nn
 import torch.nn.functional as F
 from transformers import DynamicCache, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .configuration_gpt_norm import GPTNormConfig
-from .gpt import GPT, NORM_LAYOUT
-from .norms import norm_param_values
-
-
-def harness_model_config(config: GPTNormConfig) -> SimpleNamespace:
-    """The fields ``GPT`` reads, from transformers' names (a published model has no vocabulary padding)."""
-    return SimpleNamespace(
-        vocab_size=config.vocab_size,
-        padded_vocab_size=config.vocab_size,
-        context_length=config.n_positions,
-        d_model=config.n_embd,
-        n_layers=config.n_layer,
-        n_heads=config.n_head,
-        dropout=0.0,
-        qkv_bias=config.qkv_bias,
-        tie_weights=config.tie_word_embeddings,
-        init="gpt2",
-        norm_type=config.norm_type,
-        # where and how the norms are applied; a model published before a key existed lacks it: its default
-        **{key: getattr(config, key, None) for key in NORM_LAYOUT},
-        **norm_param_values(config),  # norm_eps, dyt_alpha_init, ...: the registry's keys
-    )
+from .gpt import GPT
+from .hub_keys import model_from_hub
 
 
 class GPTNormForCausalLM(PreTrainedModel, GenerationMixin):
@@ -49,7 +27,7 @@ class GPTNormForCausalLM(PreTrainedModel, GenerationMixin):
 
     def __init__(self, config):
         super().__init__(config)
-        self.gpt = GPT(harness_model_config(config), seed=None)  # weights: from the checkpoint
+        self.gpt = GPT(model_from_hub(config), seed=None)  # weights: from the checkpoint
         if config.tie_word_embeddings:
             self._tied_weights_keys = {"gpt.lm_head.weight": "gpt.wte.weight"}
         self.post_init()

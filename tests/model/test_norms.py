@@ -193,14 +193,20 @@ def test_the_config_schema_reads_the_registry_s_names_and_holds_its_defaults():
 
 
 def test_the_schema_sees_a_norm_type_added_to_the_registry_s_source(tmp_path):
-    """A norm type declared last in the registry's tuple is a config choice with no other edit, in source order."""
+    """A norm type declared in the registry's tuple is a config choice with no other edit, in source order."""
     source = schema.NORM_REGISTRY.read_text()
     anchor = '    NormType("handrolled_layernorm_fast", FastLayerNorm,'
     assert source.count(anchor) == 1
-    added = '    NormType("scalenorm", ScaleNorm, "doc", (EPS,)),\n    NormType("z_first_on_its_line", Identity),\n'
+    added = '    NormType("added_norm", AddedNorm, "doc", (EPS,)),\n    NormType("z_added_second", Identity),\n'
     end = source.index("\n", source.index(anchor)) + 1
     (tmp_path / "norms.py").write_text(source[:end] + added + source[end:])
-    assert schema.declared_norm_types(tmp_path / "norms.py") == (*NORM_TYPES, "scalenorm", "z_first_on_its_line")
+    after = NORM_TYPES.index("handrolled_layernorm_fast") + 1  # (a recipe's norm may follow it already)
+    assert schema.declared_norm_types(tmp_path / "norms.py") == (
+        *NORM_TYPES[:after],
+        "added_norm",
+        "z_added_second",
+        *NORM_TYPES[after:],
+    )
 
 
 def test_unknown_norm_type_names_every_valid_type():

@@ -1,5 +1,5 @@
 """Weight conversion between ``gpt.model.gpt.GPT`` and transformers' ``GPT2LMHeadModel`` (the config's
-shape under GPT-2's names is ``gpt.model.hub_keys``').
+shape under GPT-2's names comes from ``gpt.model.hub_keys``).
 
 Both directions come from one table of names. transformers' GPT-2 stores its linear
 layers as ``Conv1D`` with weights of shape (in, out); ours are ``nn.Linear``, (out, in),

@@ -181,7 +181,9 @@ def test_the_config_schema_reads_the_registry_s_names_and_holds_its_defaults():
     """gpt.config.schema imports no torch: it reads the norm types from the registry's source (each
     ``NormType("name", ...)`` there), and keeps a copy of each norm parameter (a ModelConfig field of the same
     name, default and doc); when that differs, this says what to paste."""
-    assert schema.NORM_TYPES == NORM_TYPES, "a NormType in gpt/model/norms.py must name its type as a literal first"
+    assert schema.NORM_TYPES == NORM_TYPES, (
+        "each NormType in gpt/model/norms.py must name its type as a literal first argument"
+    )
     fields = {f.name: f for f in dataclasses.fields(schema.ModelConfig)}
     for param in NORM_PARAMS.values():
         field = fields.get(param.name)

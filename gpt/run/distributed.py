@@ -18,6 +18,7 @@ earlier attempt can answer.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import platform
 import re
@@ -27,6 +28,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -38,6 +40,29 @@ from gpt.common.files import process_alive
 PEER_FAILURE = re.compile(
     r"Connection (closed|reset) by peer|Broken pipe|NCCL (error|communicator)|remote process exited"
 )
+PEER_ADDRESS = re.compile(r"\[([0-9A-Fa-f:.]+)\]:\d+")  # gloo names the peer it lost: "[10.0.0.2]:41704"
+
+
+class Peer(NamedTuple):
+    """Where a rank runs: its machine's host name, its PID there, and the addresses its collectives use."""
+
+    host: str
+    pid: int
+    addresses: tuple[str, ...] = ()
+
+
+def own_addresses() -> tuple[str, ...]:
+    """The addresses this machine's ranks talk from: those its host name resolves to (gloo's and NCCL's
+    default) and those of the interfaces GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME name."""
+    found: list[str] = []
+    with contextlib.suppress(OSError):
+        found += [info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None)]
+    names = ",".join(os.environ.get(k, "") for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"))
+    for name in filter(None, (n.strip().lstrip("=^") for n in names.split(","))):
+        with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            request = name[:15].encode().ljust(256, b"\0")  # struct ifreq; SIOCGIFADDR (Linux)
+            found.append(socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, request)[20:24]))
+    return tuple(dict.fromkeys(found))
 
 
 @dataclass
@@ -49,7 +74,7 @@ class Dist:
     world_size: int = 1  # processes in the job (1: no torchrun, no process group)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # where this rank computes
     control: object = None  # gloo group for CPU flags (None: one process)
-    peers: list = field(default_factory=list)  # every rank's (host, PID), in rank order (empty: one process)
+    peers: list[Peer] = field(default_factory=list)  # every rank's place, in rank order (empty: one process)
 
     @property
     def is_main(self) -> bool:
@@ -128,17 +153,21 @@ class Dist:
 
     def lost_ranks(self, exc: BaseException) -> list[int] | None:
         """If ``exc`` is a collective that failed because a peer is gone: the ranks on this machine whose
-        process has ended (empty if the lost one ran elsewhere). None if ``exc`` is something else."""
+        process has ended, else those of the machine whose address the error names (its node lost, or a
+        process of it), else none (unknown). None if ``exc`` is something else."""
         if not self.enabled or not isinstance(exc, RuntimeError):
             return None
         here = socket.gethostname()
-        lost = [r for r, (host, pid) in enumerate(self.peers) if host == here and not process_alive(pid)]
-        return lost if lost or PEER_FAILURE.search(str(exc)) else None
+        lost = [r for r, p in enumerate(self.peers) if p.host == here and not process_alive(p.pid)]
+        if lost or not PEER_FAILURE.search(str(exc)):
+            return lost or None
+        named = set(PEER_ADDRESS.findall(str(exc)))
+        return [r for r, p in enumerate(self.peers) if p.host != here and named & set(p.addresses)]
 
     def speaks_for(self, lost: list[int]) -> bool:
         """Whether this rank is the one on its machine to say that ``lost`` are gone: the lowest one left."""
         here = socket.gethostname()
-        return self.rank == min(r for r, (host, _) in enumerate(self.peers) if host == here and r not in lost)
+        return self.rank == min(r for r, p in enumerate(self.peers) if p.host == here and r not in lost)
 
 
 def device_name(device: torch.device) -> str:
@@ -203,7 +232,7 @@ def setup(device_choice: str = "auto") -> Dist:
     )
     control = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
     peers = [None] * world_size
-    dist.all_gather_object(peers, (socket.gethostname(), os.getpid()), group=control)
+    dist.all_gather_object(peers, Peer(socket.gethostname(), os.getpid(), own_addresses()), group=control)
     return Dist(rank, local_rank, world_size, device, control, peers)
 
 

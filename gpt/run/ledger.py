@@ -29,7 +29,7 @@ from gpt.run.checkpoints import (
     tidy,
 )
 from gpt.run.directory import COMPLETED, INTERRUPTED, RUNNING, RunDir
-from gpt.run.distributed import Dist
+from gpt.run.distributed import PEER_FAILURE, Dist
 from gpt.run.fastpath import FastPath
 from gpt.run.fingerprint import check_resume, take
 from gpt.run.lock import RunLock
@@ -168,15 +168,23 @@ class RunLedger:
             pass
 
     def lost_peers(self, lost: list[int], exc: RuntimeError, resume: str | None, step: int) -> str:
-        """What a rank says when ``lost`` (ranks on its machine whose process ended; none: on another machine)
-        broke a collective at ``step``: who, when, and which checkpoint a restart or a rerun continues from."""
-        dist = self.dist
-        ranks, pids = ", ".join(map(str, lost)), ", ".join(str(dist.peers[r][1]) for r in lost)
-        who = (
-            f"lost rank {ranks} (PID {pids} on {socket.gethostname()} ended: killed, or out of memory?)"
-            if lost
-            else f"lost a rank on another machine ({clipped(first_line(exc), 160)})"
-        )
+        """What a rank says when ``lost`` (``Dist.lost_ranks``: ranks on its machine whose process ended, else
+        those of the machine the error names, else none) broke a collective at ``step``: who, when, and which
+        checkpoint a restart or a rerun continues from."""
+        dist, here = self.dist, socket.gethostname()
+        ranks = ", ".join(map(str, lost))
+        if not lost:
+            who = f"lost a rank on another machine ({clipped(first_line(exc), 160)})"
+        elif dist.peers[lost[0]].host == here:
+            pids = ", ".join(str(dist.peers[r].pid) for r in lost)
+            who = f"lost rank {ranks} (PID {pids} on {here} ended: killed, or out of memory?)"
+        else:
+            peer = dist.peers[lost[0]]
+            reason = PEER_FAILURE.search(str(exc)).group(0)
+            who = (
+                f"lost node {peer.host} (rank {ranks}; {reason} from {', '.join(peer.addresses)}: "
+                "its node down, its network cut, or its process killed?)"
+            )
         try:
             latest = read_pointer(self.run.checkpoints, "latest")
         except CheckpointError:

@@ -4,54 +4,21 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import ROOT, write_train_yaml
-from safetensors.torch import load_file
+from conftest import ROOT
+from ddp import assert_same, ddp_yaml, free_port, results, same, torchrun, weights
 
 from gpt.config import load_config
-from gpt.run.directory import find_checkpoint
 from gpt.training.loop import train
 
 pytestmark = pytest.mark.slow
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def torchrun(*launcher_args, config):
-    return [sys.executable, "-m", "torch.distributed.run", *launcher_args, str(ROOT / "train.py"), str(config)]
-
-
-def results(run_dir):
-    losses = [json.loads(line)["train_loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return losses, load_file(str(find_checkpoint(run_dir) / "model.safetensors"))
-
-
-def assert_same(single, multi):
-    (la, wa), (lb, wb) = single, multi
-    assert len(la) == len(lb) == 12
-    for a, b in zip(la, lb):
-        assert abs(a - b) <= 1e-5 * abs(a)
-    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 1e-5
-
-
-def ddp_yaml(folder, token_set, name):
-    """``write_train_yaml``'s config, 12 steps long, validated every 6."""
-    path = write_train_yaml(folder, token_set, name)
-    path.write_text(path.read_text().replace("steps: 20", "steps: 12").replace("eval_every: 10", "eval_every: 6"))
-    return path
 
 
 @pytest.fixture
@@ -209,14 +176,6 @@ def test_a_rank_killed_under_torchrun_restarts_resumes_on_the_first_restart(ddp_
         [*torchrun("--standalone", "--nproc_per_node=2", config=tmp_path / "rerun.yaml"), "--resume", "auto"], env=ENV
     )
     assert again.returncode == 0 and same(weights(tmp_path / "rerun", 80), final)
-
-
-def weights(run_dir, step):
-    return load_file(str(run_dir / "checkpoints" / f"step-{step:08d}" / "model.safetensors"))
-
-
-def same(a, b):
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 LEAVE = """

@@ -37,6 +37,7 @@ from gpt.run.directory import COMPLETED, DIVERGED, INTERRUPTED, RunDir
 from gpt.run.distributed import Dist, device_name, peak_memory, setup
 from gpt.run.fastpath import resolve
 from gpt.run.ledger import RunLedger
+from gpt.run.nodes import check_nodes
 from gpt.run.random_state import rng_state, set_rng_state
 from gpt.training.hooks import RunHooks
 from gpt.training.inside import EarlyWarning, StatsProbe
@@ -150,6 +151,9 @@ class Trainer:
     def preflight(self, resume: str | None, overwrite: bool) -> None:
         """Everything a user can get wrong, checked before any model is built."""
         cfg, dist, t = self.cfg, self.dist, self.cfg.train
+        for note in check_nodes(dist, cfg, cfg.run_dir.parent):  # several machines: the same code, config, folder
+            if dist.is_main:
+                print(note, file=sys.stderr)
         if t.global_batch_size % (t.micro_batch_size * dist.world_size):
             raise UserError(
                 f"train.global_batch_size {t.global_batch_size} is not a multiple of "

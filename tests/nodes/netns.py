@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -106,15 +107,17 @@ class Nodes:
             _ip("-n", ns, "link", "set", "eth0", "up")
             _ip("-n", ns, "link", "set", "lo", "up")
 
-    def command(self, i: int, argv: list[str]) -> list[str]:
-        """``argv`` as it runs on node i: in its namespace, under its host name."""
-        unshare = ["unshare", "--uts", "--pid", "--fork", "--kill-child", "--mount-proc"]  # a node's own PIDs too
-        return ["ip", "netns", "exec", self.netns(i), *unshare, "sh", "-c", 'hostname "$0" && exec "$@"', self.name(i),
-                *argv]  # fmt: skip
+    def command(self, i: int, argv: list[str], private: tuple[Path, ...] = ()) -> list[str]:
+        """``argv`` as it runs on node i: in its namespace, under its host name, with its own PIDs, and with an
+        empty folder of its own over each of ``private`` (a disk no other node sees)."""
+        unshare = ["unshare", "--uts", "--pid", "--fork", "--kill-child", "--mount-proc"]
+        mounts = "".join(f"mount -t tmpfs node-{i}-own {shlex.quote(str(p))} && " for p in private)
+        script = f'hostname "$0" && {mounts}exec "$@"'
+        return ["ip", "netns", "exec", self.netns(i), *unshare, "sh", "-c", script, self.name(i), *argv]
 
-    def popen(self, i: int, argv: list[str], **kwargs) -> subprocess.Popen:
+    def popen(self, i: int, argv: list[str], private: tuple[Path, ...] = (), **kwargs) -> subprocess.Popen:
         """Start ``argv`` on node i in a session of its own (``stop`` ends its whole group)."""
-        proc = subprocess.Popen(self.command(i, argv), start_new_session=True, **kwargs)
+        proc = subprocess.Popen(self.command(i, argv, private), start_new_session=True, **kwargs)
         self.procs.append(proc)
         return proc
 

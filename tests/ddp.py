@@ -1,5 +1,5 @@
 """What the tests of runs under torchrun share: the launcher's command, a 12-step config, a run's losses and
-weights, and the comparisons (tests/run/test_distributed.py on one machine, tests/nodes/ across two)."""
+weights, and the comparisons (tests/run/test_distributed.py on one machine, tests/run/test_two_nodes.py across two)."""
 
 import json
 import socket

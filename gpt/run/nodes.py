@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from gpt.common.errors import UserError, quoted, shortened
+from gpt.common.files import write_atomically
 from gpt.config import Config
 from gpt.config.loader import config_differences
 from gpt.run.distributed import Dist
@@ -76,7 +77,7 @@ def _write_probe(folder: Path) -> str | None:
     path = folder / f".nodes-probe-{os.getpid()}-{os.urandom(4).hex()}"
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(b"")
+        write_atomically(path, b"")
     except OSError:
         return None
     return str(path)

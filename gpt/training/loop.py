@@ -151,15 +151,15 @@ class Trainer:
     def preflight(self, resume: str | None, overwrite: bool) -> None:
         """Everything a user can get wrong, checked before any model is built."""
         cfg, dist, t = self.cfg, self.dist, self.cfg.train
-        for note in check_nodes(dist, cfg, cfg.run_dir.parent):  # several machines: the same code, config, folder
-            if dist.is_main:
-                print(note, file=sys.stderr)
         if t.global_batch_size % (t.micro_batch_size * dist.world_size):
             raise UserError(
                 f"train.global_batch_size {t.global_batch_size} is not a multiple of "
                 f"train.micro_batch_size {t.micro_batch_size} x {dist.world_size} processes; "
                 f"choose a global batch divisible by {t.micro_batch_size * dist.world_size}"
             )
+        for note in check_nodes(dist, cfg, cfg.run_dir.parent):  # several machines: the same code, config, folder
+            if dist.is_main:
+                print(note, file=sys.stderr)
         self.ledger.claim(resume, overwrite)
         data_dir = dist.on_main(lambda: resolve_data_dir(cfg.data.path, cfg.data.hub_repo, cfg.data.hub_revision))
         self.open_data(data_dir)

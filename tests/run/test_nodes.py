@@ -1,5 +1,5 @@
-"""gpt.run.nodes on a job of two ranks whose second differs only in its clock (the network tests, in tests/nodes,
-cannot give a namespace its own time)."""
+"""gpt.run.nodes on a job of two ranks whose second differs only in its clock (the network tests, in
+tests/run/test_two_nodes.py, cannot give a namespace its own time), and the lost ranks a peer's address names."""
 
 import os
 import socket

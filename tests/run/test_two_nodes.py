@@ -1,4 +1,4 @@
-"""Runs across two nodes (network namespaces, tests/nodes/netns.py) compute what one node computes, bit for bit."""
+"""Runs across two nodes (network namespaces, tests/run/netns.py) compute what one node computes, bit for bit."""
 
 import json
 import os
@@ -11,7 +11,7 @@ import time
 import pytest
 from conftest import ROOT
 from ddp import assert_same, ddp_yaml, results, same, torchrun, weights
-from nodes.netns import Nodes, can_run
+from run.netns import Nodes, can_run
 
 from gpt.config import load_config
 from gpt.training.loop import train

@@ -1,4 +1,4 @@
-"""The nodes of tests/nodes/netns.py are separate as a cluster's are, and leave nothing behind."""
+"""The nodes of tests/run/netns.py are separate as a cluster's are, and leave nothing behind."""
 
 import os
 import subprocess
@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from nodes.netns import NETNS_ETC, Nodes, can_run, links, namespaces
+from run.netns import NETNS_ETC, Nodes, can_run, links, namespaces
 
 pytestmark = [pytest.mark.slow, pytest.mark.nodes]
 

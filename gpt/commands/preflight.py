@@ -5,11 +5,18 @@ failure is one line naming what failed and the likely fix, exit status 1.
 
     python scripts/preflight.py --driver 535.129.03 --driver-cuda 12.2 --cuda12-index URL
     python scripts/preflight.py --device cpu --nproc 2    # the same on the CPU (gloo), for the tests
+
+With ``--nodes N --rendezvous HOST:PORT``, run on every node of a job instead (``srun``, before torchrun): the nodes
+meet at the rendezvous and a gloo all-reduce goes through across them, or one line says which node cannot and why
+(gpt/run/rendezvous.py lists the checks).
+
+    srun --ntasks-per-node=1 python scripts/preflight.py --nodes 2 --rendezvous node0:29500
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -21,13 +28,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cuda12-index", default="https://download.pytorch.org/whl/cu126")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--nproc", type=int, default=2, help="processes for the all-reduce with --device cpu")
+    parser.add_argument("--nodes", type=int, default=0, help="the job's node count: check that they meet instead")
+    parser.add_argument("--rendezvous", metavar="HOST:PORT", help="with --nodes: torchrun's --rdzv-endpoint")
+    parser.add_argument("--timeout", type=float, default=120, help="with --nodes: seconds to wait for the others")
     args = parser.parse_args(argv)
+    if args.nodes and not args.rendezvous:
+        parser.error("--nodes needs --rendezvous HOST:PORT (torchrun's --rdzv-endpoint)")
+    # torch's C++ warnings (a stack trace a failed connection attempt) would bury the one line that says why
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     from gpt.run.machine import MachineError  # torch, after the arguments are known good
 
     try:
-        check(args)
+        if args.nodes:
+            from gpt.run.rendezvous import check_rendezvous
+
+            start = time.monotonic()
+            what = check_rendezvous(args.nodes, args.rendezvous, args.timeout)
+            print(f"preflight: {what}: ok ({time.monotonic() - start:.0f} s)", flush=True)
+        else:
+            check(args)
     except MachineError as e:
-        print(f"preflight: {e}", file=sys.stderr)
+        print(f"error: preflight: {e}", file=sys.stderr)  # an error: line, as the harness says them
         return 1
     return 0
 

@@ -13,8 +13,10 @@ evaluates it, each in a child process group, and records what happened in the sw
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -27,22 +29,58 @@ from gpt.sweep.launch import evaluate_command, launcher, train_command
 from gpt.sweep.slurm import SlurmOptions, SweepFolder, has_result, submit_sweep
 from gpt.sweep.spec import SweepSpec
 
-RENDEZVOUS_PORT = 29500
+# torch's shared rendezvous store never tells a node that replaces a lost one where to meet (it would wait forever)
+RENDEZVOUS_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
+
+
+def job_nodes() -> int:
+    return int(os.environ.get("SLURM_NNODES", "1"))
+
+
+def on_each_node(nodes: int) -> list[str]:
+    """``srun`` one task on each of this job's nodes."""
+    return ["srun", "--kill-on-bad-exit=1", f"--ntasks={nodes}", "--ntasks-per-node=1"]
+
+
+@functools.cache
+def rendezvous() -> str:
+    """Where this job's nodes meet: the first node (where the job's batch script, this process, runs) at a port
+    free there now. Not a fixed port: two cells that share a node would meet each other's nodes at it."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return f"{controller.head_node()}:{s.getsockname()[1]}"
 
 
 def job_launcher(nproc: int) -> list[str]:
     """``launch.launcher`` on this job's nodes: on several, one torchrun per node under ``srun``, meeting at
     the first node (c10d rendezvous keyed by the job id)."""
-    nodes = int(os.environ.get("SLURM_NNODES", "1"))
+    nodes = job_nodes()
     if nodes == 1:
         return launcher(nproc)
     return [
-        *("srun", "--kill-on-bad-exit=1", f"--ntasks={nodes}", "--ntasks-per-node=1"),
+        *on_each_node(nodes),
+        *("env", RENDEZVOUS_ENV),
         *(sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc_per_node={nproc}"),
         f"--rdzv-id={os.environ['SLURM_JOB_ID']}",
         "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={controller.head_node()}:{RENDEZVOUS_PORT}",
+        f"--rdzv-endpoint={rendezvous()}",
         "-m",
+    ]
+
+
+def preflight_command() -> list[str] | None:
+    """On several nodes, what runs before the training: the nodes meet at the rendezvous the training will use
+    (``preflight --nodes``), or the cell fails with the one line naming the node that cannot and why."""
+    nodes = job_nodes()
+    if nodes == 1:
+        return None
+    return [
+        *on_each_node(nodes),
+        sys.executable,
+        "-m",
+        "gpt.commands.preflight",
+        f"--nodes={nodes}",
+        f"--rendezvous={rendezvous()}",
     ]
 
 
@@ -117,7 +155,9 @@ def run_cell_job(spec: SweepSpec, index: int, folder: SweepFolder) -> int:
     cell, nproc, child = spec.cells()[index], spec.nproc, Child()
     folder.record({"event": "start", **controller.this_job(), "status": cell.run.status()}, cell.name)
     code, error = 0, None
-    if cell.run.status() not in FINISHED:
+    if cell.run.status() not in FINISHED and (preflight := preflight_command()):
+        code, error = child.run(preflight)
+    if cell.run.status() not in FINISHED and code == 0 and not child.told_to_stop:
         code, error = child.run(train_command(spec.config, cell, nproc, job_launcher(nproc)))
     if cell.run.status() in FINISHED and not has_result(cell) and not child.told_to_stop:
         code, error = child.run(evaluate_command(cell, nproc))

@@ -334,7 +334,8 @@ def test_the_gpu_preflight_says_in_one_line_what_a_cpu_build_lacks(cli):
     out = cli(ROOT / "scripts" / "preflight.py", "--driver", "535.129.03", "--driver-cuda", "12.2")
     assert (out.returncode, out.stdout) == (1, "")
     assert out.stderr == (
-        f"preflight: torch {torch.__version__} is a CPU build (torch.version.cuda None), on NVIDIA driver 535.129.03 "
+        f"error: preflight: torch {torch.__version__} is a CPU build (torch.version.cuda None), on NVIDIA driver "
+        "535.129.03 "
         "(CUDA 12.2): remove .venv and run bash setup_cloud.sh again without TORCH_SPEC/TORCH_INDEX_URL "
         "(it installs the build for this driver)\n"
     )
@@ -354,7 +355,7 @@ def test_the_gpu_preflight_compiles_and_all_reduces_on_the_cpu(tmp_path):
     env = {**env, "PATH": bare_path(tmp_path), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor-2")}
     out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert (out.returncode, out.stdout) == (1, "")
-    assert out.stderr.startswith("preflight: torch.compile failed on cpu (") and out.stderr.count("\n") == 1
+    assert out.stderr.startswith("error: preflight: torch.compile failed on cpu (") and out.stderr.count("\n") == 1
     assert out.stderr.endswith(
         "): it needs a C compiler and the Python headers (sudo apt-get install -y build-essential python3-dev)\n"
     )

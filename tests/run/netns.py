@@ -2,10 +2,10 @@
 
 ``Nodes.start(n)`` makes a namespace per node and one for a switch: a bridge there, and a veth pair from it to
 each node's ``eth0`` (10.77.0.1, .2, ...). Each node has its own loopback and its own hosts file naming every
-node (``/etc/netns/NS/hosts``, which ``ip netns exec`` mounts over /etc/hosts); each process started on it gets
-the node's host name and the node's own PIDs (``unshare --uts --pid``), as on a cluster: what one node opens on
-``localhost`` the other cannot reach, and a PID on one means nothing on the other. The file system is shared, as
-a cluster's shared file system is.
+node (``/etc/netns/NS/hosts``, bound over /etc/hosts in the node's own mount namespace); each process started on
+it gets the node's network (``nsenter --net``), host name and PIDs (``unshare --uts --pid``), as on a cluster:
+what one node opens on ``localhost`` the other cannot reach, and a PID on one means nothing on the other. The
+file system is shared, as a cluster's shared file system is.
 
 Everything the test starts is a child of ours, in a session of its own; ``stop()`` ends each by its process
 group, kills anything still in a namespace, then deletes the namespaces (their veths go with them) and the hosts
@@ -24,10 +24,28 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# PID 1 of a node's PID namespace where asked: runs its arguments, passes SIGTERM/SIGINT on, reaps every orphan,
+# and exits as its child did.
+REAPER = """
+import os, signal, subprocess, sys
+child = subprocess.Popen(sys.argv[1:])
+for sig in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(sig, lambda s, f: child.send_signal(s))
+while True:
+    try:
+        pid, status = os.wait()
+    except ChildProcessError:
+        sys.exit(0)
+    except InterruptedError:
+        continue
+    if pid == child.pid:
+        sys.exit(os.waitstatus_to_exitcode(status) % 256)
+"""
 SUBNET = "10.77.0"  # node i has SUBNET.(i + 1); the addresses exist inside the namespaces only
 NETNS_ETC = Path("/etc/netns")
 
@@ -107,13 +125,21 @@ class Nodes:
             _ip("-n", ns, "link", "set", "eth0", "up")
             _ip("-n", ns, "link", "set", "lo", "up")
 
-    def command(self, i: int, argv: list[str], private: tuple[Path, ...] = ()) -> list[str]:
-        """``argv`` as it runs on node i: in its namespace, under its host name, with its own PIDs, and with an
-        empty folder of its own over each of ``private`` (a disk no other node sees)."""
+    def command(self, i: int, argv: list[str], private: tuple[Path, ...] = (), init: bool = False) -> list[str]:
+        """``argv`` as it runs on node i: in its namespace, under its host name, with its own PIDs and hosts file,
+        and with an empty folder of its own over each of ``private`` (a disk no other node sees). ``init``: under
+        a PID 1 that reaps orphans (a daemon such as slurmd is no init: its jobs' orphans would stay zombies, and
+        slurmstepd waits for their process group to empty).
+
+        ``nsenter`` rather than ``ip netns exec``: the latter mounts a fresh /sys without the cgroup file systems,
+        and slurmd will not start without them; the hosts file is bound in the node's own mount namespace."""
         unshare = ["unshare", "--uts", "--pid", "--fork", "--kill-child", "--mount-proc"]
         mounts = "".join(f"mount -t tmpfs node-{i}-own {shlex.quote(str(p))} && " for p in private)
-        script = f'hostname "$0" && {mounts}exec "$@"'
-        return ["ip", "netns", "exec", self.netns(i), *unshare, "sh", "-c", script, self.name(i), *argv]
+        hosts = shlex.quote(str(NETNS_ETC / self.netns(i) / "hosts"))
+        script = f'mount --bind {hosts} /etc/hosts && hostname "$0" && {mounts}exec "$@"'
+        netns = f"--net=/run/netns/{self.netns(i)}"
+        reaper = [sys.executable, "-c", REAPER] if init else []
+        return ["nsenter", netns, *unshare, "sh", "-c", script, self.name(i), *reaper, *argv]
 
     def popen(self, i: int, argv: list[str], private: tuple[Path, ...] = (), **kwargs) -> subprocess.Popen:
         """Start ``argv`` on node i in a session of its own (``stop`` ends its whole group)."""

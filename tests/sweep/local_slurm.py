@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from run.netns import Nodes
+
 # Where Debian puts the daemons; a non-root PATH often lacks the sbin folders.
 SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -102,8 +104,9 @@ class LocalSlurm:
     root: Path
     conf: Path  # the written slurm.conf
     env: dict[str, str]  # os.environ (minus any SLURM_*/SBATCH_* of an enclosing job) plus SLURM_CONF
-    node: str
-    cpus: int
+    node: str  # the first node's name: the controller's and the batch scripts' host
+    cpus: int  # each node's
+    nodes: Nodes | None = None  # on several nodes (tests/run/netns.py), else this machine's one
     logs: dict[str, Path] = field(default_factory=dict)  # daemon name -> its log file
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)  # daemon name -> its process
     socket_dir: Path | None = None  # munged's socket folder, in /tmp; removed by stop()
@@ -111,18 +114,21 @@ class LocalSlurm:
     # ---- starting and stopping ----
 
     @classmethod
-    def start(cls, root: Path, cpus: int | None = None) -> LocalSlurm:
+    def start(cls, root: Path, cpus: int | None = None, nodes: Nodes | None = None) -> LocalSlurm:
+        """The cluster on this machine (one node), or on ``nodes``: a slurmd in each node's namespace under the
+        node's name, slurmctld on the first; the commands then run on the first node, as a user's on a login node."""
         root = Path(root).resolve()
         missing = missing_binaries()
         if missing:
             raise RuntimeError(f"not installed: {', '.join(missing)} (apt-get install -y slurm-wlm munge)")
-        node = node_name()
+        names = [nodes.name(i) for i in range(nodes.count)] if nodes else [node_name()]
+        node = names[0]
         hw_cpus, memory = node_hardware()
         cpus = cpus or hw_cpus
         mem_per_cpu = max(1, min(1000, memory // cpus))
 
         etc, state, spool, run, log = (root / d for d in ("etc", "state", "spool", "run", "log"))
-        for d in (etc, state, spool / f"slurmd-{node}", run, log):
+        for d in (etc, state, *(spool / f"slurmd-{name}" for name in names), run, log):
             d.mkdir(parents=True, exist_ok=True)
         # munged refuses a key readable by others, and a socket in a folder not reachable by all: every folder
         # above the socket must be world-executable (pytest's tmp folders are 0700) and its path under 108 bytes.
@@ -154,7 +160,7 @@ class LocalSlurm:
                     f"SlurmctldPidFile={run}/slurmctld.pid",
                     f"SlurmdPidFile={run}/slurmd-%n.pid",
                     f"SlurmctldLogFile={log}/slurmctld.log",
-                    f"SlurmdLogFile={log}/slurmd.log",
+                    f"SlurmdLogFile={log}/slurmd-%n.log",
                     "SlurmctldDebug=info",
                     "SlurmdDebug=info",
                     # pgid: linuxproc leaks the children of a script that traps signals; task/none: no cgroups
@@ -177,7 +183,7 @@ class LocalSlurm:
                     "JobRequeue=1",
                     "InactiveLimit=0",
                     "SlurmdTimeout=300",
-                    f"NodeName={node} CPUs={cpus} RealMemory={mem_per_cpu * cpus} State=UNKNOWN",
+                    *(f"NodeName={name} CPUs={cpus} RealMemory={mem_per_cpu * cpus} State=UNKNOWN" for name in names),
                     "PartitionName=local Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
                     "",
                 ]
@@ -187,11 +193,11 @@ class LocalSlurm:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SALLOC_", "SRUN_"))}
         env["SLURM_CONF"] = str(conf)
         env["PATH"] = SEARCH_PATH
-        cluster = cls(root=root, conf=conf, env=env, node=node, cpus=cpus, socket_dir=sock_dir)
+        cluster = cls(root=root, conf=conf, env=env, node=node, cpus=cpus, nodes=nodes, socket_dir=sock_dir)
         cluster.logs = {
             "munged": log / "munged.stdout",  # in the foreground munged logs to stderr, not its --log-file
             "slurmctld": log / "slurmctld.log",
-            "slurmd": log / "slurmd.log",
+            **{cluster.slurmd(i): log / f"slurmd-{name}.log" for i, name in enumerate(names)},
         }
         try:
             cluster._spawn(
@@ -208,16 +214,31 @@ class LocalSlurm:
             )
             cluster.wait_until(munge_socket.exists, 10, "munged's socket", check_alive=True)
             cluster._spawn("slurmctld", [which("slurmctld"), "-D", "-i", "-f", str(conf)])
-            cluster._spawn("slurmd", [which("slurmd"), "-D", "-f", str(conf), "-N", node])
+            for i, name in enumerate(names):
+                cluster._spawn(cluster.slurmd(i), [which("slurmd"), "-D", "-f", str(conf), "-N", name], node=i)
             cluster.wait_until(
-                lambda: cluster._sinfo_state() == "idle", START_TIMEOUT, f"node {node} idle in sinfo", check_alive=True
+                lambda: cluster._sinfo_states() == ["idle"] * len(names),
+                START_TIMEOUT,
+                f"node(s) {', '.join(names)} idle in sinfo",
+                check_alive=True,
             )
         except BaseException:
             cluster.stop()
             raise
         return cluster
 
-    def _spawn(self, name: str, argv: list) -> None:
+    def slurmd(self, i: int) -> str:
+        """The name the slurmd of node i goes by here (in ``procs`` and ``logs``)."""
+        return "slurmd" if self.nodes is None else f"slurmd-{self.nodes.name(i)}"
+
+    def on_node(self, argv: list, node: int = 0) -> list[str]:
+        """``argv`` as it runs on node ``node`` (the first: the controller's), on this machine if there is one."""
+        argv = [str(a) for a in argv]
+        return argv if self.nodes is None else self.nodes.command(node, argv)
+
+    def _spawn(self, name: str, argv: list, node: int = 0) -> None:
+        if self.nodes is not None:  # a daemon is no init: its jobs' orphans are reaped by one
+            argv = self.nodes.command(node, [str(a) for a in argv], init=True)
         out = open(self.root / "log" / f"{name}.stdout", "ab")  # noqa: SIM115 (closed by the child's end)
         try:
             self.procs[name] = subprocess.Popen(
@@ -232,34 +253,43 @@ class LocalSlurm:
         finally:
             out.close()
 
-    def _sinfo_state(self) -> str:
+    def _sinfo_states(self) -> list[str]:
+        """Each node's state as sinfo says it (none while the controller does not answer)."""
         try:
             proc = subprocess.run(
-                ["sinfo", "-h", "-N", "-o", "%t"], env=self.env, capture_output=True, text=True, timeout=10
+                self.on_node(["sinfo", "-h", "-N", "-o", "%t"]),
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=10,
             )
         except subprocess.TimeoutExpired:
-            return ""
-        return proc.stdout.strip() if proc.returncode == 0 else ""
+            return []
+        return proc.stdout.split() if proc.returncode == 0 else []
 
     def stop(self) -> None:
         """Cancel the jobs, then end the daemons and any job process they left (SIGTERM, then SIGKILL). Idempotent."""
         if not self.procs:
             return
         alive = {name: p for name, p in self.procs.items() if p.poll() is None}
-        if {"slurmctld", "slurmd", "munged"} <= alive.keys():
+        if {"slurmctld", "munged", self.slurmd(0)} <= alive.keys():
             try:
                 jobs = self.queue()
                 if jobs:
-                    subprocess.run(["scancel", "--full", *jobs], env=self.env, capture_output=True, timeout=10)
+                    subprocess.run(
+                        self.on_node(["scancel", "--full", *jobs]), env=self.env, capture_output=True, timeout=10
+                    )
                     self.wait_until(lambda: not self.queue(), 15, "cancelled jobs to leave the queue")
             except (subprocess.SubprocessError, TimeoutError, OSError):
                 pass  # the daemons are ended anyway; leftovers are swept below
-        for name in ("slurmd", "slurmctld", "munged"):
+        slurmds = [name for name in self.procs if name.startswith("slurmd")]
+        for name in (*slurmds, "slurmctld", "munged"):
             proc = self.procs.get(name)
             if proc is None:
                 continue
             if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+                with contextlib.suppress(ProcessLookupError):  # its group: on a node, the wrappers ignore SIGTERM
+                    os.killpg(proc.pid, signal.SIGTERM)
                 try:
                     proc.wait(STOP_GRACE)
                 except subprocess.TimeoutExpired:
@@ -298,16 +328,17 @@ class LocalSlurm:
 
     # ---- what tests use ----
 
-    def run(self, *args: str, timeout: float = 30) -> str:
-        """Run a SLURM command (``run("squeue", "-h")``) against this cluster; check=True; its stdout."""
-        proc = subprocess.run([str(a) for a in args], env=self.env, capture_output=True, text=True, timeout=timeout)
+    def run(self, *args: str, timeout: float = 30, env: dict[str, str] | None = None) -> str:
+        """Run a SLURM command (``run("squeue", "-h")``) against this cluster (in ``env``, else ``.env``);
+        check=True; its stdout."""
+        proc = subprocess.run(self.on_node(args), env=env or self.env, capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
             raise subprocess.CalledProcessError(proc.returncode, proc.args, proc.stdout, proc.stderr)
         return proc.stdout
 
-    def submit(self, *args: str) -> str:
-        """``sbatch --parsable ARGS``: the new job's id."""
-        return self.run("sbatch", "--parsable", *args).strip().split(";")[0]
+    def submit(self, *args: str, env: dict[str, str] | None = None) -> str:
+        """``sbatch --parsable ARGS`` (in ``env``, which the job inherits): the new job's id."""
+        return self.run("sbatch", "--parsable", *args, env=env).strip().split(";")[0]
 
     def queue(self) -> list[str]:
         """Ids of the jobs squeue lists (pending, running, completing); a pending array shows as ``N_[0,2]``."""
@@ -356,7 +387,7 @@ class LocalSlurm:
         if "slurmctld" not in self.procs or self.procs["slurmctld"].poll() is not None:
             return "squeue: no slurmctld running"
         try:
-            return "squeue:\n" + self.run("squeue", "-o", "%i %T %r", timeout=5)
+            return "squeue:\n" + self.run("squeue", "-o", "%i %T %r %N", timeout=5)
         except (subprocess.SubprocessError, OSError) as e:
             return f"squeue failed: {e}"
 
@@ -372,7 +403,12 @@ class LocalSlurm:
             raise RuntimeError(f"job {jobid} is {state}, not RUNNING: SLURM would not signal it")
         argv = ["scancel", "-v", f"--signal={sig}", *(["--batch"] if batch else []), str(jobid)]
         proc = subprocess.Popen(
-            argv, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            self.on_node(argv),
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         deadline = time.monotonic() + timeout
         lines = []

@@ -175,23 +175,35 @@ def test_scripts_on_paper_for_several_nodes(grid, tmp_path, cli):
     assert "--push-to-hub alice" in compare_line  # the comparison job publishes the sweep when it has compared
 
 
-def test_a_cell_on_several_nodes_runs_torchrun_on_each_under_srun(monkeypatch):
+def test_a_cell_on_several_nodes_runs_the_preflight_then_torchrun_on_each_under_srun(monkeypatch):
     from gpt.sweep import cell_job, controller
 
     monkeypatch.setenv("SLURM_NNODES", "2")
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     monkeypatch.setattr(controller, "head_node", lambda: "gpu-a01")
+    cell_job.rendezvous.cache_clear()
     start = cell_job.job_launcher(8)
-    assert start[:4] == ["srun", "--kill-on-bad-exit=1", "--ntasks=2", "--ntasks-per-node=1"]
+    assert start[:6] == [
+        *("srun", "--kill-on-bad-exit=1", "--ntasks=2", "--ntasks-per-node=1"),
+        *("env", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"),  # a node that replaces a lost one finds the others
+    ]
     assert start[-5:] == [
         "--nproc_per_node=8",
         "--rdzv-id=77",
         "--rdzv-backend=c10d",
-        "--rdzv-endpoint=gpu-a01:29500",
+        f"--rdzv-endpoint={cell_job.rendezvous()}",
         "-m",
+    ]
+    host, port = cell_job.rendezvous().split(":")
+    assert host == "gpu-a01" and 1024 <= int(port) < 65536  # a port free on the first node, this job's own
+    # before it, each node checks that the nodes meet where torchrun will meet them
+    assert cell_job.preflight_command()[:4] == start[:4]
+    assert cell_job.preflight_command()[-3:] == [
+        *("gpt.commands.preflight", "--nodes=2", f"--rendezvous={cell_job.rendezvous()}"),
     ]
     monkeypatch.setenv("SLURM_NNODES", "1")
     assert cell_job.job_launcher(8)[-3:] == ["--standalone", "--nproc_per_node=8", "-m"]
+    assert cell_job.preflight_command() is None
 
 
 @pytest.mark.parametrize(

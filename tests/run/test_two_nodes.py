@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import ROOT
@@ -276,3 +277,67 @@ def test_a_run_folder_a_node_does_not_share_is_refused(nodes, tmp_path, token_se
         "checkpoints, then rerun"
     )
     assert list((tmp_path / "runs").iterdir()) == []  # the probe is gone, and nothing else was written
+
+
+# ------------------------------------------------------------------------------------ before the job: preflight --nodes
+
+
+def preflight(nodes, on, rendezvous, env_of=lambda i: {}):
+    """``preflight --nodes 2 --rendezvous RENDEZVOUS`` started on each node in ``on`` at once; each one's
+    (exit status, stdout, stderr)."""
+    argv = [sys.executable, str(ROOT / "scripts" / "preflight.py"), "--nodes=2", f"--rendezvous={rendezvous}"]
+    procs = [
+        nodes.popen(i, [*argv, "--timeout=3"], env={**ENV, **env_of(i)}, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, text=True)
+        for i in on
+    ]  # fmt: skip
+    outs = [p.communicate(timeout=120) for p in procs]
+    return [(p.returncode, *out) for p, out in zip(procs, outs)]
+
+
+def one_line(out):
+    """The one ``error:`` line a failing preflight ends on, after asserting there is no traceback."""
+    code, stdout, stderr = out
+    assert code == 1 and stdout == "" and "Traceback" not in stderr and "frame #" not in stderr, stderr
+    return stderr.splitlines()[-1]
+
+
+def test_preflight_says_in_one_line_which_node_cannot_meet_the_others_and_why(nodes):
+    met = preflight(nodes, (0, 1), f"node0:{PORT + 1}")
+    assert [(code, out.split(" (")[0], err) for code, out, err in met] == [
+        (0, f"preflight: node{i} met 1 other node(s) at node0:{PORT + 1} and a gloo all-reduce went through: ok", "")
+        for i in (0, 1)
+    ]
+    # Each fault at a port of its own, all at once (gloo's gives up after ~25 s).
+    with ThreadPoolExecutor(4) as pool:
+        unknown, unreachable, alone, apart = pool.map(
+            lambda args: preflight(nodes, *args),
+            [
+                ((1,), f"nosuchnode:{PORT + 2}"),
+                ((1,), f"node0:{PORT + 3}"),  # nothing listens there
+                ((0,), f"node0:{PORT + 4}"),
+                # both nodes advertise their loopback to gloo: they meet at the rendezvous, not each other
+                ((0, 1), f"node0:{PORT + 5}", lambda i: {"GLOO_SOCKET_IFNAME": "lo"}),
+            ],
+        )
+    assert one_line(unknown[0]) == (
+        "error: preflight: the rendezvous host 'nosuchnode' does not resolve on node1: give the first node's name as "
+        "the other nodes resolve it (DNS or /etc/hosts on every node), or its address"
+    )
+    assert one_line(unreachable[0]) == (
+        f"error: preflight: node1 cannot reach the rendezvous at node0:{PORT + 3} (10.77.0.1) in 3 s: is the job "
+        "running on node0, does node0 take that address as its own (torchrun: --rdzv-conf is_host=true there "
+        f"otherwise), and is port {PORT + 3} open between the nodes?"
+    )
+    assert one_line(alone[0]) == (
+        f"error: preflight: only 1 of 2 nodes reached the rendezvous at node0:{PORT + 4} in 3 s (node0): start the "
+        f"job on every node (--nnodes 2); a node that cannot reach node0:{PORT + 4} says so itself"
+    )
+    for i, out in enumerate(apart):
+        line = one_line(out)
+        assert line.startswith(f"error: preflight: gloo across 2 nodes failed on node{i} ("), line
+        assert line.endswith(
+            f"node{i} advertises the address of GLOO_SOCKET_IFNAME=lo: the nodes reach the rendezvous but not each "
+            "other there; set GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME to the interface the nodes share (e.g. eth0), "
+            "and open the ports between the nodes (gloo and NCCL pick theirs at random)"
+        )

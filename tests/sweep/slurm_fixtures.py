@@ -59,3 +59,17 @@ def slurm_cluster(slurm_installed, tmp_path_factory):
         yield cluster
     finally:
         cluster.stop()
+
+
+def meanwhile(argv: list, cwd, env: dict, then) -> None:
+    """``argv`` (a local sweep, say) in the background in ``cwd``, its output in ``cwd/local.out``, while ``then()``
+    runs; then it must end with status 0 (killed if ``then`` raises)."""
+    with open(cwd / "local.out", "w") as out:
+        local = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        then()
+        assert local.wait(timeout=600) == 0, (cwd / "local.out").read_text()
+    finally:
+        if local.poll() is None:
+            local.kill()
+            local.wait()

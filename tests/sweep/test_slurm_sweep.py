@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
+from sweep.slurm_fixtures import meanwhile
 from synthetic import sized_grid_yaml
 
 from gpt.run.directory import find_checkpoint
@@ -79,15 +80,7 @@ def test_slurm_sweep_equals_local_and_a_requeued_cell_resumes_to_the_same_bits(
     # The local sweep, one cell after another in one process, runs meanwhile: it has the CPUs while the SLURM
     # cells wait (held, requeued, or for the comparison job).
     argv, env = sweep_argv(slurm_cluster, grid, "--runs-dir", "local")
-    with open(tmp_path / "local.out", "w") as out:
-        local = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        slurm_sweep_and_requeue(slurm_cluster, grid, tmp_path)
-        assert local.wait(timeout=600) == 0, (tmp_path / "local.out").read_text()
-    finally:
-        if local.poll() is None:
-            local.kill()
-            local.wait()
+    meanwhile(argv, tmp_path, env, lambda: slurm_sweep_and_requeue(slurm_cluster, grid, tmp_path))
     runs = tmp_path / "runs"
     slurm_result = json.loads((runs / "slurmgrid-comparison" / "comparison.json").read_text())
     local_result = json.loads((tmp_path / "local" / "slurmgrid-comparison" / "comparison.json").read_text())

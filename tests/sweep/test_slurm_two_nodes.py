@@ -11,9 +11,10 @@ import sys
 
 import pytest
 from ddp import same
-from run.netns import Nodes, can_run
+from run.netns import Nodes, can_run, namespaces
 from safetensors.torch import load_file
 from sweep.local_slurm import LocalSlurm
+from sweep.slurm_fixtures import meanwhile
 from synthetic import ROOT, sized_grid_yaml, write_train_yaml
 
 from gpt.run.directory import find_checkpoint
@@ -25,13 +26,17 @@ STEPS = 120  # long enough to be requeued after its first checkpoints (every 20)
 
 @pytest.fixture(scope="module")
 def cluster(slurm_installed, tmp_path_factory):
+    """Two nodes and their SLURM for the module; afterwards no namespace, daemon or job process of theirs is left."""
     if reason := can_run():
         pytest.skip(reason)
+    prefix = f"sl{os.getpid()}"
     with (
-        Nodes.start(2, prefix=f"sl{os.getpid()}") as nodes,
+        Nodes.start(2, prefix=prefix) as nodes,
         LocalSlurm.start(tmp_path_factory.mktemp("slurm2"), nodes=nodes) as made,
     ):
         yield made
+    assert not {ns for ns in namespaces() if ns.startswith(prefix)}
+    assert made.leftover_pids() == []
 
 
 def config(folder, token_set, name):
@@ -109,16 +114,8 @@ def test_a_sweep_cell_on_two_nodes_requeued_ends_as_on_one_node(cluster, tmp_pat
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
-    with open(tmp_path / "local.out", "w") as out:  # one node of two processes, meanwhile
-        local = subprocess.Popen([*sweep, "--nproc", "2", "--runs-dir", "local"], cwd=tmp_path, env=env, stdout=out,
-                                 stderr=subprocess.STDOUT)  # fmt: skip
-    try:
-        requeue_a_cell(cluster, tmp_path)
-        assert local.wait(timeout=600) == 0, (tmp_path / "local.out").read_text()
-    finally:
-        if local.poll() is None:
-            local.kill()
-            local.wait()
+    local = [*sweep, "--nproc", "2", "--runs-dir", "local"]  # one node of two processes, meanwhile
+    meanwhile(local, tmp_path, env, lambda: requeue_a_cell(cluster, tmp_path))
     runs = tmp_path / "runs"
     jobs = json.loads((runs / "twogrid-slurm" / "jobs.json").read_text())
     requeued = jobs["cells"]["twogrid-pytorch-layernorm-s0"]

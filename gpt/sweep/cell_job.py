@@ -22,6 +22,7 @@ import sys
 import threading
 
 from gpt.analysis.table import compare
+from gpt.common.errors import UserError, shortened
 from gpt.common.files import read_json
 from gpt.run.directory import COMPARISON_FILE, FINISHED
 from gpt.sweep import controller
@@ -211,4 +212,6 @@ def _compare_cells(cells: list, folder: SweepFolder, out, options: dict) -> dict
                 "again to resume it"
             )
     present = [c.run.path for c in cells if c.run.config_file.is_file() and c.run.metrics_file.is_file()]
+    if not present:  # nothing to compare: say why each cell has nothing
+        raise UserError(f"no cell has a run to compare: {shortened([f'{c}: {e}' for c, e in failed.items()])}")
     return compare(present, out, failed=failed, **options)

@@ -143,3 +143,31 @@ def requeue_a_cell(cluster, tmp_path):
     cluster.wait_until(lambda: cluster.state(requeued) == "PENDING", 60, "the requeued cell waiting")
     cluster.release(requeued)
     cluster.wait_until(lambda: cluster.state(jobs["compare"]) == "COMPLETED", 600, "the comparison")
+
+
+def test_a_cell_whose_nodes_cannot_meet_fails_with_the_preflight_line_and_trains_nothing(cluster, tmp_path, token_set):
+    grid = config(tmp_path, token_set, "apart")
+    sweep = [sys.executable, "-m", "gpt.commands.sweep", str(grid), "--norm-types", "pytorch_layernorm", "no_norm"]
+    env = env_of(cluster) | {"GLOO_SOCKET_IFNAME": "nosuch0"}  # an interface no node has, passed on to the jobs
+    submitted = subprocess.run(
+        cluster.on_node([*sweep, "--seeds", "0", "--launcher", "slurm", "--nodes", "2"]),
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    jobs = json.loads((tmp_path / "runs" / "apart-slurm" / "jobs.json").read_text())
+    cluster.wait_until(
+        lambda: cluster.state(jobs["compare"]) == "FAILED", 300, "the comparison, with nothing to compare"
+    )
+    for cell, job in jobs["cells"].items():
+        assert (cluster.job(job)["JobState"], cluster.job(job)["Restarts"]) == ("FAILED", "0"), cell
+        events = (tmp_path / "runs" / "apart-slurm" / "events" / f"{cell}.jsonl").read_text()
+        end = json.loads(events.splitlines()[-1])
+        assert end["outcome"] == "failed" and end["error"].startswith(
+            "error: preflight: gloo across 2 nodes failed on node"
+        )
+        assert end["error"].endswith("(gloo and NCCL pick theirs at random)"), end["error"]
+        assert not (tmp_path / "runs" / cell).exists()  # nothing trained, no run folder
+    said = (tmp_path / "runs" / "apart-slurm" / "logs" / f"apart-compare-{jobs['compare']}.out").read_text()
+    assert said.splitlines()[-1].startswith(
+        "error: no cell has a run to compare: apart-pytorch-layernorm-s0: error: preflight: gloo across 2 nodes"
+    )

@@ -81,10 +81,16 @@ def check_rendezvous(nodes: int, endpoint: str, timeout: float) -> str:
     index = store.add(f"{KEYS}/arrived", 1) - 1
     store.set(f"{KEYS}/name/{index}", me)
     deadline = start + timeout
-    while (arrived := store.add(f"{KEYS}/arrived", 0)) < nodes and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if arrived < nodes:
+    try:
+        while (arrived := store.add(f"{KEYS}/arrived", 0)) < nodes and time.monotonic() < deadline:
+            time.sleep(0.2)
         names = ", ".join(store.get(f"{KEYS}/name/{i}").decode() for i in range(arrived))
+    except (RuntimeError, OSError):  # the hosting node gave up first (it says why) and its store went with it
+        raise MachineError(
+            f"the rendezvous at {endpoint} went away while {me} waited for the other nodes: its host gave up "
+            "(its own line says why)"
+        ) from None
+    if arrived < nodes:
         raise MachineError(
             f"only {arrived} of {nodes} nodes reached the rendezvous at {endpoint} in {timeout:g} s ({names}): "
             f"start the job on every node (--nnodes {nodes}); a node that cannot reach {endpoint} says so itself"

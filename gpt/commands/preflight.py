@@ -28,10 +28,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cuda12-index", default="https://download.pytorch.org/whl/cu126")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--nproc", type=int, default=2, help="processes for the all-reduce with --device cpu")
-    parser.add_argument("--nodes", type=int, default=0, help="the job's node count: check that they meet instead")
+    parser.add_argument("--nodes", type=int, help="the job's node count: check that they meet instead")
     parser.add_argument("--rendezvous", metavar="HOST:PORT", help="with --nodes: torchrun's --rdzv-endpoint")
     parser.add_argument("--timeout", type=float, default=120, help="with --nodes: seconds to wait for the others")
     args = parser.parse_args(argv)
+    if args.nodes is not None and args.nodes < 1:
+        parser.error(f"--nodes {args.nodes}: the job's node count must be >= 1")
     if args.nodes and not args.rendezvous:
         parser.error("--nodes needs --rendezvous HOST:PORT (torchrun's --rdzv-endpoint)")
     # torch's C++ warnings (a stack trace a failed connection attempt) would bury the one line that says why

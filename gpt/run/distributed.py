@@ -51,12 +51,18 @@ class Peer(NamedTuple):
     addresses: tuple[str, ...] = ()
 
 
+def addresses_of(host: str) -> list[str]:
+    """The addresses ``host`` resolves to here, each once; [] where it does not resolve."""
+    try:
+        return list(dict.fromkeys(info[4][0] for info in socket.getaddrinfo(host, None)))
+    except OSError:
+        return []
+
+
 def own_addresses() -> tuple[str, ...]:
     """The addresses this machine's ranks talk from: those its host name resolves to (gloo's and NCCL's
     default) and those of the interfaces GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME name."""
-    found: list[str] = []
-    with contextlib.suppress(OSError):
-        found += [info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None)]
+    found = addresses_of(socket.gethostname())
     names = ",".join(os.environ.get(k, "") for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"))
     for name in filter(None, (n.strip().lstrip("=^") for n in names.split(","))):
         with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:

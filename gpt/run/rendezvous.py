@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from gpt.common.errors import clipped
-from gpt.run.distributed import own_addresses
+from gpt.run.distributed import addresses_of, own_addresses
 from gpt.run.machine import MachineError, last_line
 
 KEYS = "gpt-norm-harness/preflight"  # a prefix of our own in the store
@@ -39,18 +39,10 @@ def parse_endpoint(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def resolve(host: str) -> list[str]:
-    """The IPv4/IPv6 addresses ``host`` resolves to here; [] where it does not."""
-    try:
-        return list(dict.fromkeys(info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)))
-    except OSError:
-        return []
-
-
 def check_names(host: str) -> tuple[list[str], bool]:
     """Step 1: the endpoint's addresses, and whether this node hosts the rendezvous."""
     me = socket.gethostname()
-    where = resolve(host)
+    where = addresses_of(host)
     if not where:
         raise MachineError(
             f"the rendezvous host {host!r} does not resolve on {me}: give the first node's name as the other nodes "
@@ -80,10 +72,8 @@ def check_rendezvous(nodes: int, endpoint: str, timeout: float) -> str:
     store = _store(host, port, where, hosting, timeout, me)
     index = store.add(f"{KEYS}/arrived", 1) - 1
     store.set(f"{KEYS}/name/{index}", me)
-    deadline = start + timeout
     try:
-        while (arrived := store.add(f"{KEYS}/arrived", 0)) < nodes and time.monotonic() < deadline:
-            time.sleep(0.2)
+        arrived = _count_reaches(store, "arrived", nodes, start + timeout)
         names = ", ".join(store.get(f"{KEYS}/name/{i}").decode() for i in range(arrived))
     except (RuntimeError, OSError):  # the hosting node gave up first (it says why) and its store went with it
         raise MachineError(
@@ -101,10 +91,15 @@ def check_rendezvous(nodes: int, endpoint: str, timeout: float) -> str:
         with contextlib.suppress(RuntimeError, OSError):  # the host may be gone already
             store.add(f"{KEYS}/left", 1)
         if hosting:  # the store goes with this process: wait until the others are done with it
-            deadline = time.monotonic() + timeout
-            while store.add(f"{KEYS}/left", 0) < nodes and time.monotonic() < deadline:
-                time.sleep(0.1)
+            _count_reaches(store, "left", nodes, time.monotonic() + timeout)
     return f"{me} met {nodes - 1} other node(s) at {endpoint} and a gloo all-reduce went through"
+
+
+def _count_reaches(store: dist.Store, key: str, count: int, deadline: float) -> int:
+    """Wait until the store's counter ``key`` reaches ``count`` or the monotonic ``deadline`` passes; its value."""
+    while (value := store.add(f"{KEYS}/{key}", 0)) < count and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return value
 
 
 def _store(host: str, port: int, where: list[str], hosting: bool, timeout: float, me: str) -> dist.TCPStore:
@@ -128,7 +123,7 @@ def _all_reduce(store: dist.Store, index: int, nodes: int, timeout: float, me: s
     """Step 4: one gloo all-reduce across the nodes, one process each."""
     group_store = dist.PrefixStore(f"{KEYS}/gloo", store)
     interface = os.environ.get("GLOO_SOCKET_IFNAME")
-    advertised = f"the address of GLOO_SOCKET_IFNAME={interface}" if interface else f"{socket.gethostbyname(me)}"
+    advertised = f"the address of GLOO_SOCKET_IFNAME={interface}" if interface else ", ".join(addresses_of(me))
     hint = (
         f"{me} advertises {advertised}: the nodes reach the rendezvous but not each other there; set "
         "GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME to the interface the nodes share (e.g. eth0), and open the ports "
@@ -142,9 +137,8 @@ def _all_reduce(store: dist.Store, index: int, nodes: int, timeout: float, me: s
         dist.all_reduce(total)
     except (RuntimeError, OSError) as e:
         said = last_line(e)
-        said = (
-            m.group(1) if (m := re.search(r"\.(?:cc|h|cpp):\d+\] (.*)", said)) else said
-        )  # gloo's words, not its source
+        if source := re.search(r"\.(?:cc|h|cpp):\d+\] (.*)", said):  # gloo's words, not its source file's name
+            said = source.group(1)
         raise MachineError(f"gloo across {nodes} nodes failed on {me} ({clipped(said)}): {hint}") from None
     finally:
         with contextlib.suppress(Exception):

@@ -156,10 +156,11 @@ def run_cell_job(spec: SweepSpec, index: int, folder: SweepFolder) -> int:
     cell, nproc, child = spec.cells()[index], spec.nproc, Child()
     folder.record({"event": "start", **controller.this_job(), "status": cell.run.status()}, cell.name)
     code, error = 0, None
-    if cell.run.status() not in FINISHED and (preflight := preflight_command()):
-        code, error = child.run(preflight)
-    if cell.run.status() not in FINISHED and code == 0 and not child.told_to_stop:
-        code, error = child.run(train_command(spec.config, cell, nproc, job_launcher(nproc)))
+    if cell.run.status() not in FINISHED:
+        if preflight := preflight_command():  # several nodes: they must meet first
+            code, error = child.run(preflight)
+        if code == 0 and not child.told_to_stop:
+            code, error = child.run(train_command(spec.config, cell, nproc, job_launcher(nproc)))
     if cell.run.status() in FINISHED and not has_result(cell) and not child.told_to_stop:
         code, error = child.run(evaluate_command(cell, nproc))
     if has_result(cell):

@@ -341,6 +341,21 @@ def test_the_gpu_preflight_says_in_one_line_what_a_cpu_build_lacks(cli):
     )
 
 
+def test_the_nodes_preflight_refuses_a_rendezvous_or_node_count_it_cannot_use(cli):
+    out = cli(ROOT / "scripts" / "preflight.py", "--nodes", "2", "--rendezvous", "node0")
+    assert (out.returncode, out.stdout) == (1, "")
+    assert out.stderr == "error: preflight: --rendezvous 'node0': expected HOST:PORT, e.g. node0:29500\n"
+    for args, said in [
+        (
+            ["--nodes", "0", "--rendezvous", "node0:29500"],
+            "error: --nodes 0: the job's node count must be >= 1",
+        ),
+        (["--nodes", "2"], "error: --nodes needs --rendezvous HOST:PORT (torchrun's --rdzv-endpoint)"),
+    ]:
+        out = cli(ROOT / "scripts" / "preflight.py", *args)
+        assert out.returncode == 2 and out.stderr.splitlines()[-1].endswith(said), out.stderr
+
+
 @pytest.mark.slow
 def test_the_gpu_preflight_compiles_and_all_reduces_on_the_cpu(tmp_path):
     """The GPU checks' code on the CPU, gloo in place of NCCL; then without a C++ compiler, its one line."""

@@ -231,18 +231,18 @@ class LocalSlurm:
         """The name the slurmd of node i goes by here (in ``procs`` and ``logs``)."""
         return "slurmd" if self.nodes is None else f"slurmd-{self.nodes.name(i)}"
 
-    def on_node(self, argv: list, node: int = 0) -> list[str]:
-        """``argv`` as it runs on node ``node`` (the first: the controller's), on this machine if there is one."""
+    def on_node(self, argv: list, node: int = 0, init: bool = False) -> list[str]:
+        """``argv`` as it runs on node ``node`` (the first: the controller's), on this machine if there is one;
+        ``init``: under a PID 1 that reaps orphans (``Nodes.command``)."""
         argv = [str(a) for a in argv]
-        return argv if self.nodes is None else self.nodes.command(node, argv)
+        return argv if self.nodes is None else self.nodes.command(node, argv, init=init)
 
     def _spawn(self, name: str, argv: list, node: int = 0) -> None:
-        if self.nodes is not None:  # a daemon is no init: its jobs' orphans are reaped by one
-            argv = self.nodes.command(node, [str(a) for a in argv], init=True)
+        argv = self.on_node(argv, node, init=True)  # a daemon is no init: its jobs' orphans are reaped by one
         out = open(self.root / "log" / f"{name}.stdout", "ab")  # noqa: SIM115 (closed by the child's end)
         try:
             self.procs[name] = subprocess.Popen(
-                [str(a) for a in argv],
+                argv,
                 env=self.env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,

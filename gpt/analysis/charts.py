@@ -258,6 +258,60 @@ def _test_loss_label(row: dict) -> str:
     return f"{row['group']}\n{mean:.4f}, {n} seed{'s' if n != 1 else ''}"
 
 
+def plot_scaling(result: dict, path: Path) -> Path:
+    """A comparison across sizes (``gpt.analysis.across_sizes``). Left: test loss against N (log x), a colour per
+    norm type: every seed's loss (small points), the mean, the fitted curve (dashed beyond the sizes fitted, to
+    the predicted point and its interval). Right: each norm type's paired difference to the baseline at each size
+    with its 95% interval, and the fitted trend line."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8), dpi=100)
+    colours = plt.get_cmap("tab10")
+    for i, (norm, n) in enumerate(result["norms"].items()):
+        colour, pts = colours(i % 10), n["points"]
+        xs = [p["n_params"] for p in pts]
+        for p in pts:
+            left.plot(
+                [p["n_params"]] * len(p["losses"]), list(p["losses"].values()), ".", color=colour, alpha=0.45, ms=5
+            )
+        left.plot(xs, [p["mean"] for p in pts], "o", color=colour, ms=6, label=norm)
+        fit, pred = n["fit_n_params"], n["fit_n_params"].get("predicted")
+        if "alpha" in fit:
+            top = max(xs + ([pred["at"]] if pred else []))
+            grid = np.geomspace(min(xs), top, 200)
+            curve = fit["E"] + fit["A"] * grid ** -fit["alpha"]["mean"]
+            inside = grid <= max(xs) * (1 + 1e-9)
+            left.plot(grid[inside], curve[inside], "-", color=colour, lw=1.2)
+            left.plot(grid[~inside], curve[~inside], "--", color=colour, lw=1.2)
+            if pred and math.isfinite(pred["low"]):
+                bar = [[pred["mean"] - pred["low"]], [pred["high"] - pred["mean"]]]
+                left.errorbar(pred["at"], pred["mean"], yerr=bar, fmt="s", mfc="white", color=colour, capsize=4)
+        gaps = [p for p in pts if p["gap"] is not None]
+        if n["trend"] is None or not gaps:
+            continue
+        gx = np.array([p["n_params"] for p in gaps], float)
+        mid = np.array([p["gap"]["diff"] for p in gaps])
+        low = np.array([p["gap"]["low"] if p["gap"]["low"] is not None else np.nan for p in gaps], float)
+        high = np.array([p["gap"]["high"] if p["gap"]["high"] is not None else np.nan for p in gaps], float)
+        err = np.nan_to_num(np.stack([mid - low, high - mid]))
+        right.errorbar(gx, mid, yerr=err, fmt="o", color=colour, capsize=4, label=f"{norm} - {result['baseline']}")
+        t = n["trend"]
+        if "mean" in t:
+            line = t["gap_at_center"] + t["mean"] * (np.log10(gx) - t["center_log10_n"])
+            right.plot(gx, line, "-", color=colour, lw=1, alpha=0.8)
+    for ax in (left, right):
+        ax.set_xscale("log")
+        ax.set_xlabel("N: parameters outside the norm layers")
+        ax.grid(alpha=0.3)
+    right.axhline(0, color="grey", lw=1)
+    left.set_ylabel("test loss")
+    left.set_title("test loss by size: seeds, mean, fit (dashed: extrapolated)")
+    right.set_ylabel(f"paired difference to {result['baseline']}")
+    right.set_title("the gap by size, 95% intervals, trend against log N")
+    for ax in (left, right):
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
 # ------------------------------------------------------------------ inside the model (gpt.analysis.inside)
 
 

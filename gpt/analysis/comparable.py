@@ -72,9 +72,12 @@ def check_names(runs: list[Run], vary: list[str], allow_differ: list[str]) -> No
                 )
 
 
-def check_only_the_norm_differs(runs: list[Run], vary: list[str], allow_differ: list[str]) -> dict[str, list]:
-    """Refuse runs that differ in anything but the norm type, the seeds and the keys the user named; return
-    the keys allowed to differ that do, each with its values (as shown) and their runs."""
+def check_only_the_norm_differs(
+    runs: list[Run], vary: list[str], allow_differ: list[str], axes: str = "the norm and the seeds"
+) -> dict[str, list]:
+    """Refuse runs that differ in anything but the norm type, the seeds and the keys the user named (``axes``: how
+    the refusal names what may differ); return the keys allowed to differ that do, each with its values (as shown)
+    and their runs."""
     differing, allowed = [], {}
     for key in compared_keys(runs):
         if named(key, vary):
@@ -87,7 +90,7 @@ def check_only_the_norm_differs(runs: list[Run], vary: list[str], allow_differ: 
                 differing.append(f"{key}: {_listed(by_value)}")
     if differing:
         raise UserError(
-            "these runs differ in more than the norm and the seeds, so a difference between them "
+            f"these runs differ in more than {axes}, so a difference between them "
             f"would not be the norm's: {' | '.join(differing)}; compare runs that differ only in "
             "model.norm_type and seeds, or name each key: --vary KEY (an axis of the table) or "
             "--allow-differ KEY (accepted, and said in the report)"
@@ -111,8 +114,8 @@ def tokens_evaluated(evaluation: dict) -> str:
     return f"in {evaluation['data_dir']}"
 
 
-def check_comparable(runs: list[Run]) -> None:
-    """Refuse test losses measured on different tokens or tokenizations, and runs that planned
+def check_comparable(runs: list[Run], lengths: bool = True) -> None:
+    """Refuse test losses measured on different tokens or tokenizations, and (with ``lengths``) runs that planned
     different training lengths (steps, or tokens per step)."""
     ranges, budgets = {}, {}
     for r in runs:
@@ -121,7 +124,7 @@ def check_comparable(runs: list[Run]) -> None:
             ranges.setdefault((e["split"], e["offset"], e["n_tokens"], e["tokenizer"], tokens_evaluated(e)), []).append(
                 r
             )
-        if r.summary.get("total_steps") is not None:
+        if lengths and r.summary.get("total_steps") is not None:
             per_step = r.config["train.global_batch_size"] * r.config["model.context_length"]
             budgets.setdefault((r.summary["total_steps"], r.summary["total_steps"] * per_step), []).append(r)
     _refuse_mixed(

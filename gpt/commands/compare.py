@@ -5,6 +5,7 @@
     python scripts/compare.py runs/lr-* --select-on val --allow-differ optim.min_lr  # each norm's rate chosen on val
     python scripts/compare.py runs/* --allow-differ hardware.name     # seeds trained on two kinds of GPU
     python scripts/compare.py --results table.csv --detect 0.01       # numbers from anywhere (gpt.analysis.results)
+    python scripts/compare.py runs/ladder-* --across-sizes --predict-at 124M    # runs of several model.size
     python -m gpt.commands.compare ...   /   gpt-compare ...
 
 Reads only run directories (config, metrics, summary with the fingerprints, and the evaluation
@@ -13,7 +14,8 @@ only: any other difference in their configs, fingerprints or evaluations is refu
 key, unless --vary or --allow-differ names it. --select-on val makes optim.lr an axis, chooses each norm
 type's rate by its lowest mean validation loss over seeds and compares the test losses at the chosen rates
 (gpt.analysis.selection). Writes comparison.md, comparison.json, runs.csv (as --results reads it) and the
-charts into --out, and prints the report.
+charts into --out, and prints the report. --across-sizes: runs of several model.size, each size compared into
+--out/sizes/<size>/, then per norm type the fits against size and the gap's trend (gpt.analysis.across_sizes).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from gpt.analysis import scaling
 from gpt.commands.cli import command, parser_for
 from gpt.config import PRECISIONS
 
@@ -29,52 +32,31 @@ from gpt.config import PRECISIONS
 def build_parser() -> argparse.ArgumentParser:
     """The command's arguments (``--help`` shows them)."""
     parser = parser_for(__doc__)
-    parser.add_argument("runs", nargs="*", type=Path, metavar="RUN")
-    parser.add_argument(
-        "--results",
-        type=Path,
-        metavar="FILE.csv",
+    add = parser.add_argument
+    add("runs", nargs="*", type=Path, metavar="RUN")
+    add("--results", type=Path, metavar="FILE.csv",
         help="compare a table of results instead of run directories: columns group, init_seed, data_seed, "
-        "test_loss, optionally status and TASK.METRIC columns (as every comparison's runs.csv)",
-    )
-    parser.add_argument(
-        "--baseline",
-        help="group to compare against (default: handrolled_layernorm; without it, "
-        "the first norm type in the write-up's order)",
-    )
-    parser.add_argument("--out", type=Path, default=Path("comparison"), help="output folder (default comparison/)")
-    parser.add_argument(
-        "--which",
-        choices=("final", "best", "latest"),
-        default="final",
-        help="whose evaluation to use (as given to evaluate.py)",
-    )
-    parser.add_argument("--split", default="test", help="evaluated split (default test)")
-    parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="evaluation precision (default fp32)")
-    parser.add_argument(
-        "--equivalence-margin",
-        type=float,
-        metavar="DELTA",
+        "test_loss, optionally status and TASK.METRIC columns (as every comparison's runs.csv)")  # fmt: skip
+    add("--baseline", help="group to compare against (default: handrolled_layernorm; without it, "
+        "the first norm type in the write-up's order)")  # fmt: skip
+    add("--out", type=Path, default=Path("comparison"), help="output folder (default comparison/)")
+    add("--which", choices=("final", "best", "latest"), default="final",
+        help="whose evaluation to use (as given to evaluate.py)")  # fmt: skip
+    add("--split", default="test", help="evaluated split (default test)")
+    add("--precision", choices=PRECISIONS, default="fp32", help="evaluation precision (default fp32)")
+    add("--equivalence-margin", type=float, metavar="DELTA",
         help="also test whether each group is equivalent to the baseline within +-DELTA "
-        "(two one-sided t tests on the paired differences)",
-    )
-    parser.add_argument(
-        "--detect",
-        type=float,
-        metavar="DELTA",
+        "(two one-sided t tests on the paired differences)")  # fmt: skip
+    add("--detect", type=float, metavar="DELTA",
         help="plan for a true difference of DELTA: the independent seed pairs that find it with 80%% power "
-        "(default: the equivalence margin)",
-    )
-    parser.add_argument(
-        "--tokens",
-        type=int,
-        metavar="N",
+        "(default: the equivalence margin)")  # fmt: skip
+    add("--tokens", type=int, metavar="N",
         help="the results evaluate.py kept over N tokens from --offset (as its --tokens gave them; "
-        "default: over each run's configured test range)",
-    )
+        "default: over each run's configured test range)")  # fmt: skip
     parser.add_argument("--offset", type=int, help="with --tokens: the first token (default: data.test_offset)")
     parser.add_argument("--no-plots", action="store_true", help="write the tables only, no charts (seconds faster)")
     _add_differing_keys(parser)
+    scaling.add_arguments(parser)
     return parser
 
 
@@ -101,16 +83,28 @@ def main(argv: list[str] | None = None) -> int:
     if args.offset is not None and args.tokens is None:
         parser.error("--offset needs --tokens: a range kept by evaluate.py is named by its first and last token")
 
-    from gpt.analysis.report import markdown
-    from gpt.analysis.table import compare
-
     keys = ("which", "split", "precision", "equivalence_margin", "detect", "vary", "allow_differ", "tokens", "offset")
-    keys += ("select_on",)
-    options = {k: getattr(args, k) for k in keys}
-    result = compare(args.runs, args.out, args.baseline, results=args.results, plots=not args.no_plots, **options)
+    options = {k: getattr(args, k) for k in (*keys, "select_on")}
+    fit = {"predict_at": args.predict_at, "form": args.form, "irreducible": args.irreducible}
+    if args.across_sizes and args.results is not None:
+        parser.error("--across-sizes reads run directories (their sizes and parameter counts), not --results")
+    if not args.across_sizes and fit != {"predict_at": None, "form": "auto", "irreducible": 0.0}:
+        parser.error("--predict-at, --form and --irreducible fit across sizes: add --across-sizes")
+    if args.across_sizes:  # each size compared as below, then the fits across sizes
+        from gpt.analysis.across_sizes import compare_sizes as compare
+        from gpt.analysis.across_sizes import markdown
+
+        options.update(fit)
+    else:
+        from gpt.analysis.report import markdown
+        from gpt.analysis.table import compare
+
+        options["results"] = args.results
+    result = compare(args.runs, args.out, args.baseline, plots=not args.no_plots, **options)
     print(markdown(result), end="")
     plots = ", ".join(Path(p).name for p in result["plots"]) or "none (--no-plots)"
-    print(f"\nwrote {args.out / 'comparison.md'}, comparison.json, runs.csv and plots: {plots}")
+    tables = "sizes/" if args.across_sizes else "runs.csv"
+    print(f"\nwrote {args.out / 'comparison.md'}, comparison.json, {tables} and plots: {plots}")
     return 0
 
 

@@ -4,25 +4,26 @@
         --seeds 0 1 2 [--nproc 8] [--set KEY=VALUE ...] [--dry-run]
     python scripts/sweep.py configs/tiny.yaml --norm-types pytorch_layernorm --init-seeds 0 1 2 --data-seeds 0 1 2
     python scripts/sweep.py configs/tiny.yaml --seeds 0 1 --lrs 7e-4 1.4e-3 2.8e-3 [--confirm-seeds 2 3 4]
+    python scripts/sweep.py configs/ladder.yaml --sizes 1x16 2x32 3x48 4x64 --seeds 0 1 2 [--predict-at 124M]
     python scripts/sweep.py configs/gpt2-small.yaml --seeds 0 1 2 --launcher slurm --gpus-per-node 8 \
         --time 04:00:00 --partition gpu [--nodes 2] [--slurm-opt KEY=VALUE ...] [--dry-run]
     python scripts/sweep.py configs/gpt2-small.yaml --seeds 0 1 2 --status     (the cells' jobs and progress)
     python -m gpt.commands.sweep ...   /   gpt-sweep ...
 
-Locally, cells run one after another (each under torchrun when --nproc > 1) in
-runs/<config>-<norm-type>-s<seed>; with --init-seeds and --data-seeds, every initialisation seed is
-crossed with every data-order seed (runs/<config>-<norm-type>-i<init>-s<data>), and the comparison
-splits each group's seed-to-seed variance between the two. --lrs crosses the grid with learning rates
-(runs/<config>-<norm-type>-lr<rate>-s<seed>, optim.min_lr at the config's ratio to optim.lr unless --set
-fixes it); the comparison then picks each norm type's rate on validation loss and compares the test
-losses at the chosen rates (compare --select-on val), whose intervals are then optimistic (the report says
-by how much). --confirm-seeds makes it two stages: the grid chooses (runs/<config>-comparison-selection),
-then each chosen rate trains on the fresh confirmation seeds and only those are compared, with 95%
-intervals. With --launcher slurm, every cell is a task of one
-job array (checkpointed and requeued before its time limit) and a last job compares them when they have
-all ended (docs/cluster.md). Rerunning the same command skips finished cells, resumes (or
-leaves running) the others. --dry-run prints the commands or job scripts instead. --push-to-hub USER
-then publishes the whole sweep, as scripts/publish_sweep.py RUNS_DIR --namespace USER does.
+Locally, cells run one after another (each under torchrun when --nproc > 1) in runs/<config>-<norm-type>-s<seed>;
+with --init-seeds and --data-seeds, every initialisation seed is crossed with every data-order seed
+(runs/<config>-<norm-type>-i<init>-s<data>), and the comparison splits each group's seed-to-seed variance between
+the two. --lrs crosses the grid with learning rates (runs/<config>-<norm-type>-lr<rate>-s<seed>, optim.min_lr at
+the config's ratio to optim.lr unless --set fixes it); the comparison then picks each norm type's rate on
+validation loss and compares the test losses at the chosen rates (compare --select-on val), whose intervals are
+then optimistic (the report says by how much). --confirm-seeds makes it two stages: the grid chooses
+(runs/<config>-comparison-selection), then each chosen rate trains on the fresh confirmation seeds and only those
+are compared, with 95% intervals. --sizes crosses the grid with model sizes (runs/<config>-<size>-<norm-type>-...,
+each on train.tokens_per_param x its parameters), compared across sizes (compare --across-sizes: fits, the gap's
+trend, a prediction at --predict-at). With --launcher slurm, every cell is a task of one job array (checkpointed
+and requeued before its time limit) and a last job compares them when they have all ended (docs/cluster.md).
+Rerunning the same command skips finished cells, resumes (or leaves running) the others. --dry-run prints the
+commands or job scripts instead. --push-to-hub USER then publishes the whole sweep (scripts/publish_sweep.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from gpt.analysis import scaling
 from gpt.commands.cli import add_grid, add_overrides, command, parser_for, standard_hooks
 from gpt.config import NORM_TYPES
 from gpt.sweep.slurm import SlurmOptions
@@ -45,10 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--init-seeds", nargs="+", type=int, metavar="SEED", help="model.init_seed values, crossed with --data-seeds")
     add("--data-seeds", nargs="+", type=int, metavar="SEED", help="train.seed values, crossed with --init-seeds")
     add("--lrs", nargs="+", type=float, metavar="LR", help="optim.lr values, crossed with the grid; chosen on val")
-    add(
-        "--confirm-seeds", nargs="+", type=int, metavar="SEED",
-        help="with --lrs: fresh seeds that train each norm type's chosen rate again; only they are compared",
-    )  # fmt: skip
+    add("--confirm-seeds", nargs="+", type=int, metavar="SEED", help="with --lrs: fresh seeds at the chosen rates")
     add("--nproc", type=int, help="processes per run and node (torchrun when > 1; default 1, or --gpus-per-node)")
     add("--runs-dir", type=Path, default=Path("runs"))
     add_overrides(parser, "a config value of every cell")
@@ -62,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--launcher", choices=("local", "slurm"), default="local", help="where the cells run (default local)")
     add("--status", action="store_true", help="show each cell's job, state, step, last loss and requeues")
     add("--in-job", metavar="PART", help=argparse.SUPPRESS)  # cell:INDEX or compare: what a SLURM job runs
+    scaling.add_arguments(parser, sweep=True)
     SlurmOptions.add_arguments(parser)
     return parser
 
@@ -101,13 +101,13 @@ def main(argv: list[str] | None = None) -> int:
         result = run_sweep(
             args.config, args.norm_types, args.seeds, args.runs_dir, init_seeds=args.init_seeds,
             data_seeds=args.data_seeds, lrs=args.lrs, confirm_seeds=args.confirm_seeds, nproc=spec.nproc,
-            overrides=args.overrides, out=args.out,
+            overrides=args.overrides, out=args.out, sizes=args.sizes,
             dry_run=args.dry_run, hooks_for=standard_hooks, **spec.compare_options(),
         )  # fmt: skip
     if result is not None:
-        from gpt.analysis.report import markdown
+        from gpt.analysis import across_sizes, report
 
-        print(markdown(result), end="")
+        print((across_sizes.markdown if spec.sizes else report.markdown)(result), end="")
         print(f"\nplots: {', '.join(result['plots'])}")
     if args.push_to_hub:
         from gpt.sweep.launch import publish_grid

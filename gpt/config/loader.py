@@ -23,6 +23,7 @@ import yaml
 
 from gpt.common.errors import UserError, clipped, quoted
 from gpt.config.schema import REQUIRED, Config
+from gpt.config.sizes import SIZES
 
 
 class ConfigError(UserError):
@@ -328,7 +329,24 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         parts, value = parse_override(text)
         _apply_override(raw, parts, value)
         _set_source(sources, ".".join(parts), OVERRIDE)
+    _check_size(raw, sources)
     return _build(Config, raw, "", sources, str(path))
+
+
+def _check_size(raw: dict, sources: dict[str, str]) -> None:
+    """Refuse a model dimension that contradicts model.size where it was given on purpose: by ``--set``, or in
+    the file that names the size (a size replaces the dimensions of the files it extends: that is its job)."""
+    model = raw.get("model") if isinstance(raw.get("model"), dict) else {}
+    size = SIZES.get(model.get("size")) if isinstance(model.get("size"), str) else None
+    if size is None:
+        return
+    for key, value in size.settings().items():
+        given, source = model.get(key), sources.get(f"model.{key}")
+        if given is not None and given != value and source in (OVERRIDE, sources.get("model.size")):
+            raise ConfigError(
+                f"{source}: model.{key}: {quoted(given)} contradicts model.size {size.name}, which sets "
+                f"model.{key}={value} (n_layers x d_model); drop one of them"
+            )
 
 
 def config_to_dict(cfg: Config) -> dict:

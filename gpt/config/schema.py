@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt.common.errors import quoted
+from gpt.config.sizes import SIZES, sized
 
 # The choices a config may name. This package imports no torch (a config is checked before anything heavy
 # loads), so the implementations keep their own registries: the norm types are read from the source of the
@@ -123,6 +124,12 @@ class ModelConfig:
     d_model: int = opt(768, "width of the residual stream", ge=1)
     n_layers: int = opt(12, "transformer blocks", ge=1)
     n_heads: int = opt(12, "attention heads per block; must divide d_model", ge=1)
+    size: str | None = opt(
+        None,
+        "a named size of the ladder (gpt.config.sizes: 1x64 ... 12x768 on the GPU, 1x16 ... 4x64 on the CPU): sets "
+        "n_layers, d_model and n_heads to its own; null: the three as given",
+        choices=tuple(SIZES),
+    )
     dropout: float = opt(0.0, "dropout on embeddings, attention and residual branches", ge=0, lt=1)
     qkv_bias: bool = opt(False, "bias on the Q/K/V projection (OpenAI GPT-2: true; write-up: false)")
     tie_weights: bool = opt(False, "share the token embedding with the output head (GPT-2: true)")
@@ -208,7 +215,9 @@ class ModelConfig:
     @classmethod
     def upgrade(cls, data: dict) -> dict:
         """A model section as written before its keys changed, in today's words with the same meaning:
-        ``qk_norm: true`` was a head-wise QK-norm of model.norm_type, ``false`` none."""
+        ``qk_norm: true`` was a head-wise QK-norm of model.norm_type, ``false`` none; and with ``size`` (a rung of
+        ``gpt.config.sizes``) its n_layers, d_model and n_heads."""
+        data = sized(data)  # a named size sets its three keys, whatever the config files gave them
         if isinstance(data.get("qk_norm"), bool):
             data = dict(data)
             if data.pop("qk_norm"):

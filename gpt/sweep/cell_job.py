@@ -21,12 +21,11 @@ import subprocess
 import sys
 import threading
 
-from gpt.analysis.table import compare
 from gpt.common.errors import UserError, shortened
 from gpt.common.files import read_json
 from gpt.run.directory import COMPARISON_FILE, FINISHED
 from gpt.sweep import controller
-from gpt.sweep.launch import evaluate_command, launcher, train_command
+from gpt.sweep.launch import compare_grid, evaluate_command, launcher, train_command
 from gpt.sweep.slurm import SlurmOptions, SweepFolder, has_result, submit_sweep
 from gpt.sweep.spec import SweepSpec
 
@@ -215,4 +214,4 @@ def _compare_cells(cells: list, folder: SweepFolder, out, options: dict) -> dict
     present = [c.run.path for c in cells if c.run.config_file.is_file() and c.run.metrics_file.is_file()]
     if not present:  # nothing to compare: say why each cell has nothing
         raise UserError(f"no cell has a run to compare: {shortened([f'{c}: {e}' for c, e in failed.items()])}")
-    return compare(present, out, failed=failed, **options)
+    return compare_grid(present, out, failed=failed, **options)

@@ -4,8 +4,10 @@ Each cell has a predictable run directory, ``<runs_dir>/<config stem>-<norm-type
 (one seed for the initial weights and the data order), or, where the two are crossed to
 split the noise between them, ``<config stem>-<norm-type>-i<init seed>-s<data seed>``. A sweep over
 learning rates (``--lrs``) puts each cell's rate before its seeds: ``<config stem>-<norm-type>-lr1.4e-3-s<seed>``
-(the rate's shortest exact decimal, in scientific form). Every cell's config is resolved and validated here,
-before anything runs.
+(the rate's shortest exact decimal, in scientific form). A sweep across model sizes (``--sizes``, named in
+``gpt.config.sizes``) puts the size after the config's stem: ``<config stem>-<size>-<norm-type>-s<seed>``, each
+cell trained on ``train.tokens_per_param`` x its own parameters. Every cell's config is resolved and validated
+here, before anything runs.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from gpt.analysis.selection import LR_KEY
 from gpt.common.errors import UserError
 from gpt.config import Config, load_config
+from gpt.config.sizes import SIZE_KEY, SIZES
 from gpt.run.directory import RunDir
 
 
@@ -44,10 +47,13 @@ def lr_text(lr: float) -> str:
     return format(Decimal(repr(float(lr))).normalize(), "e").replace("+", "")
 
 
-def cell_name(config: Path, norm_type: str, seed: int, init_seed: int | None = None, lr: float | None = None) -> str:
+def cell_name(
+    config: Path, norm_type: str, seed: int, init_seed: int | None = None, lr: float | None = None, size: str = ""
+) -> str:
     init = "" if init_seed is None else f"-i{init_seed}"
     rate = "" if lr is None else f"-lr{lr_text(lr)}"
-    return f"{Path(config).stem}-{norm_type.replace('_', '-')}{rate}{init}-s{seed}"
+    sized = f"-{size}" if size else ""
+    return f"{Path(config).stem}{sized}-{norm_type.replace('_', '-')}{rate}{init}-s{seed}"
 
 
 def sets_key(overrides: list[str], key: str) -> bool:
@@ -107,27 +113,71 @@ def lay_out(
     init_seeds: list[int] | None = None,
     data_seeds: list[int] | None = None,
     lrs: list[float] | None = None,
+    sizes: list[str] | None = None,
 ) -> list[Cell]:
     """Every cell's resolved config, validated before anything runs. ``seeds_for`` gives some norm
     types other seeds than ``seeds``; ``init_seeds`` with ``data_seeds`` cross the two instead; ``lrs``
-    crosses the grid with learning rates (``rate_overrides``)."""
+    crosses the grid with learning rates (``rate_overrides``); ``sizes`` with model sizes, in their order
+    (``check_sizes``)."""
     cells = []
     rates = rate_overrides(config, list(overrides), lrs)
-    for norm_type in norm_types:
-        for lr, rate in zip(lrs or [None], rates):
-            for init, seed in seed_pairs((seeds_for or {}).get(norm_type, seeds), init_seeds, data_seeds):
-                name = cell_name(config, norm_type, seed, init, lr)
-                cell_overrides = [
-                    *overrides,
-                    *rate,
-                    f"model.norm_type={norm_type}",
-                    f"train.seed={seed}",
-                    *([f"model.init_seed={init}"] if init is not None else []),
-                    f"run.name={name}",
-                    f"run.dir={Path(runs_dir) / name}",
-                ]
-                cells.append(Cell(norm_type, seed, name, load_config(config, cell_overrides), cell_overrides))
+    check_sizes(config, list(overrides), sizes)
+    for size in sizes or [None]:
+        for norm_type in norm_types:
+            for lr, rate in zip(lrs or [None], rates):
+                for init, seed in seed_pairs((seeds_for or {}).get(norm_type, seeds), init_seeds, data_seeds):
+                    name = cell_name(config, norm_type, seed, init, lr, size)
+                    sized = [] if size is None else [f"{SIZE_KEY}={size}"]
+                    cell_overrides = [*overrides, *sized, *rate, *_cell_keys(norm_type, seed, init, name, runs_dir)]
+                    cells.append(Cell(norm_type, seed, name, load_config(config, cell_overrides), cell_overrides))
     return cells
+
+
+def _cell_keys(norm_type: str, seed: int, init: int | None, name: str, runs_dir: Path) -> list[str]:
+    """The overrides that make a cell its own: its norm type, seeds, name and folder."""
+    return [
+        f"model.norm_type={norm_type}",
+        f"train.seed={seed}",
+        *([f"model.init_seed={init}"] if init is not None else []),
+        f"run.name={name}",
+        f"run.dir={Path(runs_dir) / name}",
+    ]
+
+
+def check_size_axis(sizes: list[str] | None, confirm_seeds: list[int] | None, predict_at: float | None) -> None:
+    """Refuse what a sweep cannot do with (or without) a size axis: a prediction with no sizes to fit, and a
+    confirmation stage per size (not built: each size's rate is chosen on its own grid, and said optimistic)."""
+    if predict_at is not None and not sizes:
+        raise UserError("--predict-at predicts from a fit across sizes: give --sizes (three or more)")
+    if sizes and confirm_seeds:
+        raise UserError(
+            "--confirm-seeds with --sizes: a confirmation stage per size is not built; sweep --sizes with --lrs "
+            "(each size's rate chosen on validation, its intervals said optimistic), then train the chosen rates on "
+            "fresh seeds with --set optim.lr=... per size"
+        )
+
+
+def check_sizes(config: Path, overrides: list[str], sizes: list[str] | None) -> None:
+    """Refuse, before anything runs, a size axis that cannot be one: an unknown or repeated size, a size set by
+    ``--set`` as well, or a config that does not train each size by ``train.tokens_per_param`` (so the sizes
+    would not each train by the same rule)."""
+    if sizes is None:
+        return
+    unknown = [s for s in sizes if s not in SIZES]
+    if unknown:
+        raise UserError(f"--sizes {' '.join(unknown)}: not a named size; sizes: {' '.join(SIZES)} (gpt.config.sizes)")
+    if len(set(sizes)) != len(sizes):
+        raise UserError(f"--sizes {' '.join(sizes)} names a size twice")
+    if sets_key(overrides, SIZE_KEY):
+        raise UserError(f"--sizes sets {SIZE_KEY} of every cell; drop --set {SIZE_KEY}=...")
+    train = load_config(config, [*overrides, f"{SIZE_KEY}={sizes[0]}"]).train
+    if train.tokens_per_param is None:
+        length = f"train.steps={train.steps}" if train.steps is not None else f"train.tokens={train.tokens}"
+        raise UserError(
+            f"--sizes trains each size on train.tokens_per_param x its own parameters (one rule for every size), "
+            f"and the config sets {length}: add --set {length.partition('=')[0]}=null --set "
+            "train.tokens_per_param=20 (Chinchilla's), or another number of tokens per parameter"
+        )
 
 
 def comparison_folder(config: Path, runs_dir: Path, out: Path | None = None) -> Path:

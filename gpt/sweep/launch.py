@@ -16,13 +16,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gpt.analysis.across_sizes import compare_sizes
 from gpt.analysis.table import compare
 from gpt.common.errors import UserError
 from gpt.evaluation.held_out import EvalOptions, evaluate_checkpoint
 from gpt.publish.release import outcome_problems, publish_sweep
 from gpt.run.directory import COMPLETED, FINISHED, INTERRUPTED, read_eval_result
 from gpt.run.distributed import setup
-from gpt.sweep.cells import Cell, check_rates, comparison_folder, lay_out, selection_folder
+from gpt.sweep.cells import Cell, check_rates, check_size_axis, comparison_folder, lay_out, selection_folder
 from gpt.sweep.spec import SweepSpec
 from gpt.training.loop import train
 
@@ -74,6 +75,15 @@ def evaluate_cell(cell: Cell, nproc: int, log, where: str) -> None:
         log(f"{where}: test loss {result['loss']:.6f} on {result['targets_scored']:,} tokens scored")
 
 
+def compare_grid(paths: list[Path], out: Path, failed: dict[str, str] | None = None, **options) -> dict:
+    """The comparison of a sweep's runs: across sizes (``options["across_sizes"]``, ``compare_sizes``), else of
+    one size (``compare``); ``options``: the sweep's (``SweepSpec.compare_options``)."""
+    if options.pop("across_sizes", False):
+        return compare_sizes(paths, out, failed=failed, **options)
+    options.pop("predict_at", None)
+    return compare(paths, out, failed=failed, **options)
+
+
 def compare_command(cells: list[Cell], out: Path, options: dict) -> list[str]:
     """The comparison command of a sweep's ``cells`` into ``out`` with ``options`` (``compare``'s keywords)."""
     margin = options.get("equivalence_margin")
@@ -82,6 +92,8 @@ def compare_command(cells: list[Cell], out: Path, options: dict) -> list[str]:
     words += ["--equivalence-margin", f"{margin:g}"] if margin is not None else []
     words += [a for key in options.get("vary") or () for a in ("--vary", key)]
     words += [a for key in options.get("allow_differ") or () for a in ("--allow-differ", key)]
+    words += ["--across-sizes"] if options.get("across_sizes") else []
+    words += ["--predict-at", repr(options["predict_at"])] if options.get("predict_at") is not None else []
     return words + (["--select-on", options["select_on"]] if options.get("select_on") else [])
 
 
@@ -99,29 +111,26 @@ def run_sweep(
     nproc: int = 1,
     overrides: list[str] = (),
     out: Path | None = None,
-    baseline: str | None = None,
-    equivalence_margin: float | None = None,
-    allow_differ: list[str] = (),
-    vary: list[str] = (),
-    select_on: str | None = None,
+    sizes: list[str] | None = None,
     dry_run: bool = False,
     log=print,
     hooks_for=None,
+    **compare_options,
 ) -> dict | None:
-    """Run the grid of ``config`` x ``norm_types`` x ``seeds`` (``seeds_for`` a norm type: its own; or
-    ``init_seeds`` x ``data_seeds`` crossed; x ``lrs``, learning rates) in ``runs_dir``, ``nproc`` processes per
-    run, and compare the cells into ``out`` (``baseline`` ... ``select_on``: ``gpt.analysis.table.compare``'s
-    options); returns the comparison (None for a dry run, which only logs the commands). ``hooks_for(cfg)``: the
-    hooks of a cell trained in this process (``gpt.commands.cli.standard_hooks``).
+    """Run the grid of ``config`` x ``norm_types`` x ``seeds`` (``seeds_for`` a norm type: its own; or ``init_seeds``
+    x ``data_seeds`` crossed; x ``lrs``; x ``sizes``, then compared across sizes) in ``runs_dir``, ``nproc``
+    processes per run, and compare the cells into ``out`` (``compare_options``: ``compare_grid``'s); returns the
+    comparison (None for a dry run, which only logs the commands). ``hooks_for(cfg)``: the hooks of a cell trained
+    in this process (``gpt.commands.cli.standard_hooks``).
 
     ``confirm_seeds`` (with ``lrs``): two stages. The grid is the selection: compared into ``<out>-selection``,
     where each norm type's rate is chosen on validation; then each chosen rate is trained on the fresh
     ``confirm_seeds`` alone, and those runs are compared into ``out`` (95% intervals, free of the choice)."""
     check_rates(confirm_seeds, lrs, seeds, init_seeds)
-    cells = lay_out(config, norm_types, seeds, runs_dir, overrides, seeds_for, init_seeds, data_seeds, lrs)
+    check_size_axis(sizes, confirm_seeds, compare_options.get("predict_at"))
+    cells = lay_out(config, norm_types, seeds, runs_dir, overrides, seeds_for, init_seeds, data_seeds, lrs, sizes)
     out = comparison_folder(config, runs_dir, out)
-    compare_options = {"baseline": baseline, "equivalence_margin": equivalence_margin,
-                       "allow_differ": allow_differ, "vary": vary, "select_on": select_on}  # fmt: skip
+    compare_options["across_sizes"] = compare_options.get("across_sizes") or bool(sizes)
     grid_out = selection_folder(out) if confirm_seeds else out
     run_cells(config, cells, nproc, dry_run, log, hooks_for)
     if dry_run:
@@ -132,14 +141,12 @@ def run_sweep(
                 f"evaluated and compared into {out} (rerun without --dry-run once the selection has run to see them)"
             )
         return None
-    result = compare([c.run.path for c in cells], grid_out, **compare_options)
+    result = compare_grid([c.run.path for c in cells], grid_out, **compare_options)
     if not confirm_seeds:
         return result
-    spec = SweepSpec(
-        config, list(norm_types), list(seeds), runs_dir=runs_dir, overrides=list(overrides), out=out,
-        baseline=baseline, equivalence_margin=equivalence_margin, allow_differ=list(allow_differ), lrs=lrs,
-        confirm_seeds=confirm_seeds,
-    )  # fmt: skip
+    shared = {k: compare_options[k] for k in ("baseline", "equivalence_margin", "allow_differ") if k in compare_options}
+    spec = SweepSpec(config, list(norm_types), list(seeds), runs_dir=runs_dir, overrides=list(overrides), out=out,
+                     lrs=lrs, confirm_seeds=confirm_seeds, **shared)  # fmt: skip
     confirmation = spec.confirmation_cells(spec.chosen_rates(result["selection"]))
     log(f"confirmation: {len(confirmation)} cell(s) at the chosen rates, seeds {' '.join(map(str, confirm_seeds))}")
     run_cells(config, confirmation, nproc, False, log, hooks_for)

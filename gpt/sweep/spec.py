@@ -17,6 +17,7 @@ from gpt.sweep.cells import (
     MIN_LR_KEY,
     Cell,
     check_rates,
+    check_size_axis,
     comparison_folder,
     lay_out,
     min_lr_fixed,
@@ -42,9 +43,12 @@ class SweepSpec:
     hub_prefix: str | None = None
     lrs: list[float] | None = None  # optim.lr values crossed with the grid; the comparison then selects on val
     confirm_seeds: list[int] | None = None  # with lrs: fresh seeds trained at each norm type's chosen rate alone
+    sizes: list[str] | None = None  # model sizes (gpt.config.sizes) crossed with the grid; compared across sizes
+    predict_at: float | None = None  # with sizes: the parameter count the comparison predicts each norm's loss at
 
     def __post_init__(self) -> None:
         check_rates(self.confirm_seeds, self.lrs, self.seeds, self.init_seeds)
+        check_size_axis(self.sizes, self.confirm_seeds, self.predict_at)
 
     @classmethod
     def from_args(cls, args, nproc: int) -> SweepSpec:
@@ -55,7 +59,7 @@ class SweepSpec:
         """The grid: norm types x seeds (x rates); with ``confirm_seeds``, the selection stage."""
         return lay_out(
             self.config, self.norm_types, self.seeds, self.runs_dir, self.overrides,
-            init_seeds=self.init_seeds, data_seeds=self.data_seeds, lrs=self.lrs,
+            init_seeds=self.init_seeds, data_seeds=self.data_seeds, lrs=self.lrs, sizes=self.sizes,
         )  # fmt: skip
 
     def cells(self) -> list[Cell]:
@@ -101,6 +105,8 @@ class SweepSpec:
         an axis chosen on validation, and optim.min_lr (where it follows the rate) may differ with it."""
         options = {"baseline": self.baseline, "equivalence_margin": self.equivalence_margin,
                    "allow_differ": list(self.allow_differ)}  # fmt: skip
+        if self.sizes:
+            options.update(across_sizes=True, predict_at=self.predict_at)
         if self.lrs:
             options.update(vary=[LR_KEY], select_on="val")
             if not min_lr_fixed(self.overrides) and MIN_LR_KEY not in self.allow_differ:
@@ -133,6 +139,8 @@ class SweepSpec:
             words += [flag, *map(str, values)] if values else []
         words += ["--lrs", *map(repr, map(float, self.lrs))] if self.lrs else []
         words += ["--confirm-seeds", *map(str, self.confirm_seeds)] if self.confirm_seeds else []
+        words += ["--sizes", *self.sizes] if self.sizes else []
+        words += ["--predict-at", repr(float(self.predict_at))] if self.predict_at is not None else []
         words += ["--nproc", str(self.nproc), "--runs-dir", str(self.runs_dir)]
         words += [a for o in self.overrides for a in ("--set", o)]
         named = (("--out", self.out), ("--baseline", self.baseline), ("--push-to-hub", self.push_to_hub))

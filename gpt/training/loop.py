@@ -512,6 +512,7 @@ class Trainer:
             "early_warnings": self.warning.lines if self.warning is not None else [],  # log.stats_every's
             "n_params": self.engine.model.num_params(),  # a tied weight once, vocabulary padding not at all
             "n_params_outside_norms": self.engine.model.num_params(norms=False),
+            "flops_per_token": self.engine.model.flops_per_token(),  # training FLOPs: x tokens (scaling fits)
             "norm_type": cfg.model.norm_type,
             "seed": cfg.train.seed,
             "precision": self.fast.precision,

@@ -149,7 +149,7 @@ def test_the_comparison_job_names_every_cell_without_a_result_whatever_its_posit
     folder.record({"event": "end", "outcome": "failed", "exit": 1, "error": "error: out of memory"}, cells[1].name)
     compared = {}
     monkeypatch.setattr(
-        cell_job, "compare", lambda present, out, failed, **_: compared.update(present=present, failed=failed)
+        cell_job, "compare_grid", lambda present, out, failed, **_: compared.update(present=present, failed=failed)
     )
     cell_job.compare_sweep(spec, folder)
     assert compared["present"] == [c.run.path for c in cells[:3]]

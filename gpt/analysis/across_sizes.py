@@ -1,0 +1,311 @@
+"""A comparison across model sizes (``model.size``, ``gpt.config.sizes``): each size compared as any comparison is,
+then the loss fitted against size per norm type and the trend of each norm type's gap to the baseline with size
+(the numbers: ``gpt.analysis.scaling``).
+
+Across sizes, runs may differ only in the size keys (``SIZE_KEYS``) and, where the rate was chosen on validation
+at each size, the learning rate: anything else is refused in one line naming the key, as a comparison refuses it.
+Every size is evaluated on the same test tokens, and trains its ``train.tokens_per_param`` x its own parameters.
+Writes ``<out>/comparison.md`` and ``comparison.json`` (this result), ``scaling.png``, and each size's own
+comparison under ``<out>/sizes/<size>/``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from gpt.analysis import scaling
+from gpt.analysis.comparable import check_comparable, check_names, check_only_the_norm_differs
+from gpt.analysis.report import _loss, escaped
+from gpt.analysis.runs import AXIS, load_runs
+from gpt.analysis.selection import LR_KEY
+from gpt.analysis.table import compare, json_safe
+from gpt.common.errors import UserError
+from gpt.common.files import write_atomically, write_json
+from gpt.config.sizes import SIZE_KEY, SIZE_KEYS, SIZES
+from gpt.run.directory import COMPARISON_FILE
+
+SCALING_CHART = "scaling.png"
+SIZES_FOLDER = "sizes"  # each size's own comparison: <out>/sizes/<size>/
+
+
+def _size_order(name: str) -> tuple:
+    size = SIZES.get(name)
+    return (0, size.n_layers * size.d_model**2, name) if size else (1, 0, name)
+
+
+def _by_size(runs: list) -> dict[str, list]:
+    """The runs by model.size, smallest first; refuse runs without one."""
+    unsized = [r.path.name for r in runs if not r.config.get(SIZE_KEY)]
+    if unsized:
+        raise UserError(
+            f"a comparison across sizes needs every run's model.size (a named size, gpt.config.sizes); "
+            f"{', '.join(unsized)} have none: train them with --set model.size=NAME (sweep.py --sizes does)"
+        )
+    out: dict[str, list] = {}
+    for r in runs:
+        out.setdefault(r.config[SIZE_KEY], []).append(r)
+    return dict(sorted(out.items(), key=lambda kv: _size_order(kv[0])))
+
+
+def _scale(runs: list) -> dict:
+    """One size's N (non-norm parameters, the count train.tokens_per_param multiplies), planned tokens and training
+    FLOPs, from the runs' summaries (None where no run recorded them)."""
+    summaries = [r.summary for r in runs if r.summary.get("n_params_outside_norms")]
+    if not summaries:
+        return {"n_params": None, "tokens": None, "flops": None}
+    counts = {s["n_params_outside_norms"] for s in summaries}
+    if len(counts) > 1:  # the norm types of one size share every parameter outside their norms
+        raise UserError(
+            f"runs of model.size {runs[0].config[SIZE_KEY]} count different parameters outside their norms "
+            f"({', '.join(map(str, sorted(counts)))}): they are not one size; compare runs of one config"
+        )
+    s, cfg = summaries[0], runs[0].config
+    tokens = s["total_steps"] * cfg["train.global_batch_size"] * cfg["model.context_length"]
+    flops = s.get("flops_per_token")
+    return {"n_params": counts.pop(), "tokens": tokens, "flops": flops * tokens if flops else None}
+
+
+LOAD_KEYS = ("which", "split", "precision", "tokens", "offset")  # how a run's evaluation is found (load_run)
+
+
+def compare_sizes(
+    paths: list[Path],
+    out: Path,
+    baseline: str | None = None,
+    *,
+    predict_at: float | None = None,
+    form: str = "auto",
+    irreducible: float = 0.0,
+    failed: dict[str, str] | None = None,
+    plots: bool = True,
+    **options,
+) -> dict:
+    """Compare ``paths`` (runs of several sizes) into ``out``; return the result (module docstring).
+    ``predict_at``: a parameter count to predict each norm type's loss at; ``form``: ``gpt.analysis.scaling``'s
+    (auto, saturating, power); ``irreducible``: the power form's E0; ``failed``: runs that ended without a
+    result, named in the report; ``options``: ``gpt.analysis.table.compare``'s, applied within each size."""
+    if form not in scaling.FORMS:
+        raise UserError(f"--form {form}: one of {', '.join(scaling.FORMS)}")
+    allow_differ = list(options.get("allow_differ") or ())
+    vary = list(dict.fromkeys([*(options.get("vary") or ()), *([LR_KEY] if options.get("select_on") else [])]))
+    load = {k: options[k] for k in LOAD_KEYS if k in options}
+    runs = load_runs(paths, None, [*SIZE_KEYS, *vary], allow_differ, **load)
+    check_names(runs, vary, allow_differ)
+    check_only_the_norm_differs(runs, [*SIZE_KEYS, *vary], allow_differ, axes="the norm, the seeds and the size")
+    check_comparable(runs, lengths=False)  # the same test tokens at every size; lengths are checked within one
+    out = Path(out)
+    sizes = []
+    for name, size_runs in _by_size(runs).items():
+        folder = out / SIZES_FOLDER / name
+        result = compare([r.path for r in size_runs], folder, baseline, plots=plots, **options)
+        sizes.append({"size": name, **_scale(size_runs), "comparison": result, "folder": str(folder)})
+    result = _result(sizes, predict_at, form, irreducible)
+    result["failed"] = [{"run": name, "error": error} for name, error in (failed or {}).items()]
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomically(out / "comparison.md", markdown(result))
+    write_json(out / COMPARISON_FILE, json_safe(result), default=str, allow_nan=False)
+    if plots:
+        from gpt.analysis.charts import plot_scaling
+
+        result["plots"] = [str(plot_scaling(result, out / SCALING_CHART))]
+    else:
+        result["plots"] = []
+    return result
+
+
+def _norm_points(sizes: list[dict]) -> tuple[str, dict[str, list[dict]]]:
+    """The baseline norm type and, per norm type, a point per size where it has evaluated runs: the size, N,
+    FLOPs, its seeds' test losses (by seed), their mean, its paired differences to the baseline seed by seed and
+    the size's comparison of the two (``gpt.analysis.stats.difference``, as its own report gives it)."""
+    points: dict[str, list[dict]] = {}
+    base = None
+    for s in sizes:
+        comparison = s["comparison"]
+        losses = {}
+        for row in comparison["groups"]:
+            runs = [r for r in row["runs"] if r["status"] == "completed" and r["test_loss"] is not None]
+            losses[row["group"]] = {r["seed"]: r["test_loss"] for r in runs}
+        base_losses = losses[comparison["baseline"]]
+        for row in comparison["groups"]:
+            norm, mine = row["values"][AXIS], losses[row["group"]]
+            if row["group"] == comparison["baseline"]:
+                base = norm
+            if not mine or s["n_params"] is None:
+                continue
+            v = row["vs_baseline"]
+            points.setdefault(norm, []).append({
+                "size": s["size"], "n_params": s["n_params"], "flops": s["flops"], "group": row["group"],
+                "losses": mine, "mean": float(np.mean(list(mine.values()))),
+                "gaps": {k: mine[k] - base_losses[k] for k in mine if k in base_losses},
+                "gap": None if v is None else {k: v.get(k) for k in ("diff", "se", "df", "low", "high", "method")},
+            })  # fmt: skip
+    return base, points
+
+
+def seed_matrix(points: list[dict], key: str) -> np.ndarray:
+    """``points``' values by seed (``key``: losses or gaps) as one data set (1, K seeds, S sizes): NaN where a seed
+    has none at a size (``gpt.analysis.scaling.spread`` then takes the sizes one by one)."""
+    seeds = sorted({k for p in points for k in p[key]}, key=lambda k: (len(k), k))
+    return np.array([[[p[key].get(k, math.nan) for p in points] for k in seeds]], float)
+
+
+def _fit(points: list[dict], x_key: str, form: str, irreducible: float, predict_at: float | None) -> dict:
+    """One norm type's fit against ``x_key`` (n_params or flops) at its sizes, or why it has none."""
+    points = [p for p in points if p[x_key]]
+    names = [p["size"] for p in points]
+    form = scaling.chosen_form(form, len(points))
+    why = scaling.not_fitted(form, names)
+    head = {"form": form, "formula": scaling.FORMULA[form], "sizes": names}
+    if form == "power":
+        head["irreducible"] = irreducible
+    if why:
+        return {**head, "not_fitted": why}
+    x = np.array([p[x_key] for p in points], float)
+    losses = seed_matrix(points, "losses")
+    fit = scaling.first(scaling.fit_many(x, losses, form, irreducible=irreducible, predict_at=predict_at))
+    if fit["at_edge"]:
+        reason = (
+            f"alpha's best value lies at the end of the range searched ({scaling.ALPHA_GRID[0]:g} to "
+            f"{scaling.ALPHA_GRID[-1]:g}): the losses do not bend like E + A*N^-alpha"
+            if form == "saturating"
+            else f"a mean loss is not above the irreducible loss E0 = {irreducible:g}"
+        )
+        return {**head, "not_fitted": f"not fitted: {reason}"}
+    fit["residuals"] = [float(m - f) for m, f in zip(fit["means"], fit["fitted"])]
+    if predict_at is not None:
+        fit["predicted"]["at"] = predict_at
+        fit["predicted"]["extrapolation"] = not (x.min() <= predict_at <= x.max())
+    return {**head, **fit, "x": x.tolist()}
+
+
+def _trend(points: list[dict], norm: str, base: str) -> dict:
+    """The slope of ``norm``'s paired gap to the baseline against log10 N, with its interval and one line."""
+    paired = [p for p in points if p["gaps"]]
+    if len(paired) < 2:
+        return {"verdict": f"no trend: {norm} is paired with {base} at {len(paired)} size(s); it needs 2 or more"}
+    n = np.array([p["n_params"] for p in paired], float)
+    slope = scaling.first(scaling.trend_many(n, seed_matrix(paired, "gaps")))
+    slope["center_log10_n"] = float(np.log10(n).mean())
+    slope["gap_at_center"] = float(np.mean([np.mean(list(p["gaps"].values())) for p in paired]))
+    slope["sizes"] = [p["size"] for p in paired]
+    if not math.isfinite(slope["low"]):
+        return {**slope, "verdict": f"no trend interval: one seed paired at a size ({slope['method']})"}
+    interval = f"{slope['mean']:+.4f} [{slope['low']:+.4f}, {slope['high']:+.4f}] per 10x parameters"
+    if not slope["low"] <= 0 <= slope["high"]:  # the interval excludes no change
+        grows = (slope["mean"] > 0) == (slope["gap_at_center"] > 0)
+        side = "loses ground to" if slope["mean"] > 0 else "gains on"
+        verdict = f"the gap {'grows' if grows else 'shrinks'} with size: {norm} {side} {base} by {interval}"
+    else:
+        verdict = f"no trend detected: a constant gap fits; {norm} - {base} changes by {interval}"
+    return {**slope, "verdict": f"{verdict} (p = {slope['p']:.3g}, {len(paired)} sizes, {slope['method']})"}
+
+
+def _result(sizes: list[dict], predict_at: float | None, form: str, irreducible: float) -> dict:
+    base, points = _norm_points(sizes)
+    norms = {}
+    for norm, pts in points.items():
+        norms[norm] = {
+            "points": pts,
+            "fit_n_params": _fit(pts, "n_params", form, irreducible, predict_at),
+            "fit_flops": _fit(pts, "flops", form, irreducible, None),
+            "trend": None if norm == base else _trend(pts, norm, base),
+        }
+    return {
+        "baseline": base,
+        "predict_at": predict_at,
+        "sizes": [
+            {k: s[k] for k in ("size", "n_params", "tokens", "flops", "folder")}
+            | {"baseline_group": s["comparison"]["baseline"], "shared": s["comparison"]["shared"]}
+            for s in sizes
+        ],
+        "norms": norms,
+    }
+
+
+def _count(x) -> str:
+    if x is None:
+        return "-"
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.3g}{unit}"
+    return f"{x:.3g}"
+
+
+def _ci(v: dict, spec: str = ".4f") -> str:
+    if v.get("low") is None or not math.isfinite(v["low"]):
+        return f"{v['mean']:{spec}} (no interval: one seed at a size)"
+    return f"{v['mean']:{spec}} [{v['low']:{spec}}, {v['high']:{spec}}] ({v['method']}, df {v['df']:.3g})"
+
+
+def _gap(g: dict) -> str:
+    return f"{_loss(g['diff'], '+')} [{_loss(g['low'], '+')}, {_loss(g['high'], '+')}] ({g['method']})"
+
+
+def _fit_line(fit: dict) -> str:
+    if "not_fitted" in fit:
+        return fit["not_fitted"]
+    words = f"alpha {_ci(fit['alpha'])}"
+    if fit["form"] == "saturating":
+        words += f", E {_ci(fit['E_interval'])}, A {fit['A']:.4g}"
+    else:
+        words += f", A {fit['A']:.4g} (E0 = {fit['irreducible']:g} given)"
+    return words
+
+
+def markdown(result: dict) -> str:
+    """The comparison across sizes as Markdown (from the result alone, as comparison.json holds it)."""
+    result = escaped(result)
+    lines = [f"# Comparison across sizes (baseline: {result['baseline']})", ""]
+    lines += [
+        "Each size is its own comparison (sizes/<size>/comparison.md): the same rules, paired by seed. Across sizes "
+        "only the size keys (model.size, n_layers, d_model, n_heads) and the length that train.tokens_per_param "
+        "gives each size differ. N: parameters outside the norm layers; FLOPs: training FLOPs (6 x matmul "
+        "weights + attention, per token, x tokens).",
+        "",
+        "| size | N | tokens | training FLOPs | baseline group |",
+        "|---|---|---|---|---|",
+    ]
+    for s in result["sizes"]:
+        lines.append(
+            f"| {s['size']} | {_count(s['n_params'])} | {_count(s['tokens'])} | {_count(s['flops'])} | "
+            f"{s['baseline_group']} |"
+        )
+    lines += ["", "## Test loss by size", "", "| norm type | size | seeds | mean | fitted (N) | residual |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
+    for norm, n in result["norms"].items():
+        fit = n["fit_n_params"]
+        fitted = dict(zip(fit.get("sizes", []), fit.get("fitted", []))) if "fitted" in fit else {}
+        for p in n["points"]:
+            f = fitted.get(p["size"])
+            cells = f"{_loss(f)} | {_loss(p['mean'] - f, '+')}" if f is not None else "- | -"
+            lines.append(f"| {norm} | {p['size']} | {len(p['losses'])} | {_loss(p['mean'])} | {cells} |")
+    lines += [
+        "",
+        "## Fits per norm type",
+        "",
+        "Least squares on the per-size means: saturating, E + A*N^-alpha (4 sizes or more), or power, the log-log "
+        "line of L - E0 (below 4 sizes, where E cannot be identified). Intervals: 95% over seeds by the delta "
+        "method, seed by seed where every seed has every size (a t interval over the seeds), else by size "
+        "(Satterthwaite) (gpt.analysis.scaling); they hold for these sizes, not for the choice of the curve's form.",
+        "",
+    ]
+    for norm, n in result["norms"].items():
+        lines.append(f"- **{norm}** against N ({n['fit_n_params']['formula']}): {_fit_line(n['fit_n_params'])}")
+        lines.append(f"  - against training FLOPs: {_fit_line(n['fit_flops'])}")
+        pred = n["fit_n_params"].get("predicted")
+        if pred is not None:
+            kind = "an extrapolation beyond the sizes fitted" if pred["extrapolation"] else "within the sizes fitted"
+            lines.append(f"  - predicted test loss at N = {_count(pred['at'])}: {_ci(pred)} ({kind})")
+    lines += ["", "## The gap to the baseline with size", ""]
+    for norm, n in result["norms"].items():
+        if n["trend"] is None:
+            continue
+        gaps = [f"{p['size']}: {_gap(p['gap'])}" for p in n["points"] if p["gap"] is not None]
+        lines += [f"- **{norm}** - {result['baseline']}, paired by seed: {'; '.join(gaps)}"]
+        lines += [f"  - {n['trend']['verdict']}"]
+    for f in result.get("failed") or []:
+        lines += ["", f"**Failed, no result:** {f['run']}: {f['error']}"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,119 @@
+"""The fits across sizes (gpt.analysis.scaling) against direct computations: scipy's curve_fit and numpy's
+polyfit for the fits, numerical derivatives for the delta method's sensitivities, polyfit seed by seed for the
+trend; and what is said instead of a number where a form cannot be fitted."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import optimize
+from scipy import stats as scipy_stats
+
+from gpt.analysis import scaling
+
+N = np.array([1.2e4, 4.4e4, 1.1e5, 3.0e5, 8.0e5])
+E0, A0, ALPHA0 = 1.5, 25.0, 0.25
+
+
+def losses_at(n, seeds=3, sd=0.01, seed=0):
+    """(1, seeds, sizes) losses around E0 + A0 n^-ALPHA0."""
+    rng = np.random.default_rng(seed)
+    return (E0 + A0 * n**-ALPHA0 + rng.normal(0, sd, (seeds, len(n))))[None]
+
+
+def test_the_saturating_fit_is_scipys_least_squares_on_the_means():
+    losses = losses_at(N)
+    fit = scaling.first(scaling.fit_many(N, losses, "saturating", predict_at=1.24e8))
+    means = losses[0].mean(0)
+    (e, a, alpha), _ = optimize.curve_fit(lambda n, e, a, al: e + a * n**-al, N, means, p0=[1, 10, 0.3], maxfev=50_000)
+    assert fit["E"] == pytest.approx(e, rel=1e-6)
+    assert fit["A"] == pytest.approx(a, rel=1e-5)
+    assert fit["alpha"]["mean"] == pytest.approx(alpha, rel=1e-6)
+    assert fit["predicted"]["mean"] == pytest.approx(e + a * 1.24e8**-alpha, rel=1e-7)
+    assert fit["fitted"] == pytest.approx(list(e + a * N**-alpha), rel=1e-7)
+    assert fit["at_edge"] is False
+
+
+def test_the_power_fit_is_the_log_log_line_of_the_reducible_loss():
+    losses = losses_at(N[:3])
+    for e0 in (0.0, 1.0):
+        fit = scaling.first(scaling.fit_many(N[:3], losses, "power", irreducible=e0, predict_at=1e6))
+        slope, intercept = np.polyfit(np.log(N[:3]), np.log(losses[0].mean(0) - e0), 1)
+        assert fit["alpha"]["mean"] == pytest.approx(-slope, rel=1e-9)
+        assert fit["A"] == pytest.approx(math.exp(intercept), rel=1e-9)
+        assert fit["E"] == e0
+        assert fit["predicted"]["mean"] == pytest.approx(e0 + math.exp(intercept) * 1e6**slope, rel=1e-9)
+
+
+def numerical_gradient(form, x, means, quantity, step=1e-6):
+    """d quantity / d means by central differences of the whole fit (the delta method's c, computed directly)."""
+    grad = []
+    for s in range(len(means)):
+        up, down = means.copy(), means.copy()
+        up[s] += step
+        down[s] -= step
+        grad.append((quantity(scaling.fit_many(x, up[None, None], form)) - quantity(
+            scaling.fit_many(x, down[None, None], form))) / (2 * step))  # fmt: skip
+    return np.array(grad)[:, 0]
+
+
+@pytest.mark.parametrize("form", ["saturating", "power"])
+def test_the_intervals_are_the_t_intervals_of_each_seeds_combination(form):
+    """The delta method seed by seed, directly: c from numerical derivatives of the fit, each seed's c . losses,
+    Student's t over the seeds."""
+    x = N if form == "saturating" else N[:3]
+    losses = losses_at(x, seeds=4, sd=0.003)
+    fit = scaling.first(scaling.fit_many(x, losses, form))
+    c = numerical_gradient(form, x, losses[0].mean(0), lambda f: f["alpha"]["mean"])
+    q = losses[0] @ c  # one value per seed
+    se = q.std(ddof=1) / 2
+    assert fit["alpha"]["se"] == pytest.approx(se, rel=2e-3)  # Gauss-Newton: exact at a perfect fit, close here
+    assert fit["alpha"]["df"] == 3 and fit["alpha"]["method"] == scaling.SEED_BY_SEED
+    half = scipy_stats.t.ppf(0.975, 3) * fit["alpha"]["se"]
+    assert fit["alpha"]["low"] == pytest.approx(fit["alpha"]["mean"] - half, rel=1e-12)
+
+
+def test_a_missing_run_takes_the_sizes_one_by_one():
+    losses = losses_at(N, seeds=3)
+    losses[0, 2, 1] = np.nan  # seed 2 has no loss at the second size
+    fit = scaling.first(scaling.fit_many(N, losses, "saturating"))
+    assert fit["alpha"]["method"] == scaling.BY_SIZE
+    assert fit["means"][1] == pytest.approx(losses[0, :2, 1].mean(), rel=1e-12)  # the two seeds that ran
+    c = numerical_gradient("saturating", N, np.nanmean(losses[0], 0), lambda f: f["alpha"]["mean"])
+    n = np.array([3, 2, 3, 3, 3])
+    terms = c**2 * np.nanvar(losses[0], 0, ddof=1) / n
+    assert fit["alpha"]["se"] == pytest.approx(math.sqrt(terms.sum()), rel=2e-3)
+    assert fit["alpha"]["df"] == pytest.approx(terms.sum() ** 2 / (terms**2 / (n - 1)).sum(), rel=5e-3)
+
+
+def test_the_trend_is_the_slope_of_the_gap_against_log10_n_seed_by_seed():
+    rng = np.random.default_rng(4)
+    gaps = 0.02 + 0.01 * np.log10(N) + rng.normal(0, 0.004, (3, len(N)))
+    trend = scaling.first(scaling.trend_many(N, gaps[None]))
+    assert trend["mean"] == pytest.approx(np.polyfit(np.log10(N), gaps.mean(0), 1)[0], rel=1e-10)
+    per_seed = [np.polyfit(np.log10(N), g, 1)[0] for g in gaps]
+    assert trend["se"] == pytest.approx(np.std(per_seed, ddof=1) / math.sqrt(3), rel=1e-10)
+    assert trend["df"] == 2
+    expected = scipy_stats.ttest_1samp(per_seed, 0.0)
+    assert trend["p"] == pytest.approx(expected.pvalue, rel=1e-8)
+
+
+def test_a_form_with_too_few_sizes_says_so_instead_of_a_number():
+    assert scaling.chosen_form("auto", 3) == "power" and scaling.chosen_form("auto", 4) == "saturating"
+    assert scaling.not_fitted("saturating", ["1x16", "2x32", "3x48"]) == (
+        "not fitted: E + A*N^-alpha has 3 parameters and these runs have 3 sizes (1x16, 2x32, 3x48): it needs 4 or "
+        "more (one more than its parameters: three sizes fit any such curve exactly, so E is not identified); the "
+        "log-log line of L - E0 (--form power) needs 2"
+    )
+    assert scaling.not_fitted("power", ["2x32"]) == (
+        "not fitted: log(L - E0) = log A - alpha*log N has 2 parameters and these runs have 1 size (2x32): it needs "
+        "2 or more (a line needs two points)"
+    )
+    assert scaling.not_fitted("power", ["1x16", "2x32"]) is None
+
+
+def test_parameter_counts_read_as_written():
+    assert [scaling.parse_count(t) for t in ("124M", "1.5B", "350k", "2e9", "7")] == [124e6, 1.5e9, 350e3, 2e9, 7.0]
+    for bad in ("", "M", "-3M", "abc", "nan"):
+        with pytest.raises(ValueError, match="expected a positive count such as 124M"):
+            scaling.parse_count(bad)

@@ -1,0 +1,292 @@
+"""sweep.py --sizes: the size axis laid out and trained (each size on train.tokens_per_param x its parameters),
+compared across sizes (compare.py --across-sizes): the fits checked against direct least squares on the runs' own
+test losses, the gap's trend against a direct regression, and the refusals."""
+
+import json
+import math
+import shlex
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from analysis.test_compare import render_only
+from sweep.test_lr_axis import spec_of
+
+from gpt.analysis.across_sizes import compare_sizes
+from gpt.commands.compare import main as compare_main
+from gpt.commands.prepare_data import main as prepare_main
+from gpt.commands.sweep import main as sweep_main
+from gpt.common.errors import UserError
+from gpt.config.sizes import SIZES
+from gpt.run.directory import RunDir, read_eval_result
+from gpt.sweep.cells import lay_out
+from gpt.sweep.launch import compare_command
+
+SIZE_NAMES, NORMS, SEEDS = ["1x16", "2x32", "3x48"], ["pytorch_layernorm", "no_norm"], [0, 1]
+TOKENS_PER_PARAM, TOKENS_PER_STEP = 2, 16 * 64
+
+
+def ladder_yaml(folder, data) -> str:
+    """The CPU ladder's study on the byte-level Shakespeare set: 2 tokens per parameter, 1,024 tokens a step."""
+    path = folder / "ladder.yaml"
+    path.write_text(f"""
+run: {{name: ladder, device: cpu}}
+model: {{vocab_size: 257, context_length: 64, norm_type: pytorch_layernorm}}
+data: {{path: {data}, val_tokens: 4096, test_tokens: 8192}}
+optim: {{lr: 1.0e-2, min_lr: 1.0e-3, warmup_frac: 0.05}}
+train: {{seed: 0, micro_batch_size: 16, global_batch_size: 16, tokens_per_param: {TOKENS_PER_PARAM}, precision: fp32,
+         eval_every: 100000, checkpoint_every: 100000}}
+log: {{log_every: 50, progress: false}}
+""")
+    return path
+
+
+@pytest.fixture
+def config(tmp_path):
+    return ladder_yaml(tmp_path, tmp_path / "data")
+
+
+def test_cells_of_a_size_sweep(config, tmp_path):
+    cells = lay_out(config, ["no_norm"], [0, 1], tmp_path / "runs", sizes=["2x32", "1x16"])
+    assert [c.name for c in cells] == ["ladder-2x32-no-norm-s0", "ladder-2x32-no-norm-s1", "ladder-1x16-no-norm-s0",
+                                       "ladder-1x16-no-norm-s1"]  # fmt: skip
+    dims = [(c.cfg.model.n_layers, c.cfg.model.d_model, c.cfg.model.n_heads) for c in cells[::2]]
+    assert dims == [(2, 32, 2), (1, 16, 1)]
+    assert cells[0].overrides[0] == "model.size=2x32"
+    rated = lay_out(config, ["no_norm"], [0], tmp_path / "runs", lrs=[1e-2, 3e-2], sizes=["1x16"])
+    assert [c.name for c in rated] == ["ladder-1x16-no-norm-lr1e-2-s0", "ladder-1x16-no-norm-lr3e-2-s0"]
+    assert [c.name for c in lay_out(config, ["no_norm"], [0], tmp_path / "runs")] == ["ladder-no-norm-s0"]
+
+
+def test_a_size_axis_that_cannot_be_one_is_refused_before_anything_runs(config, tmp_path, capsys):
+    runs = tmp_path / "runs"
+    base = [str(config), "--norm-types", "no_norm", "--seeds", "0", "1", "--runs-dir", str(runs)]
+    for extra, message in (
+        (["--sizes", "1x16", "1x16"], "--sizes 1x16 1x16 names a size twice"),
+        (["--sizes", "1x16", "--set", "model.size=2x32"], "--sizes sets model.size of every cell; drop --set "
+         "model.size=..."),
+        (["--sizes", "1x16", "2x32", "--set", "train.tokens_per_param=null", "--set", "train.steps=50"],
+         "--sizes trains each size on train.tokens_per_param x its own parameters (one rule for every size), and "
+         "the config sets train.steps=50: add --set train.steps=null --set train.tokens_per_param=20 (Chinchilla's), "
+         "or another number of tokens per parameter"),
+        (["--predict-at", "124M"], "--predict-at predicts from a fit across sizes: give --sizes (three or more)"),
+        (["--sizes", "1x16", "2x32", "--lrs", "1e-2", "3e-2", "--confirm-seeds", "4", "5"],
+         "--confirm-seeds with --sizes: a confirmation stage per size is not built; sweep --sizes with --lrs (each "
+         "size's rate chosen on validation, its intervals said optimistic), then train the chosen rates on fresh "
+         "seeds with --set optim.lr=... per size"),
+    ):  # fmt: skip
+        assert sweep_main([*base, *extra]) == 2
+        assert capsys.readouterr().err == f"error: {message}\n" and not runs.exists()
+    for extra, message in (
+        (["--sizes", "5x5"], "argument --sizes: invalid choice: '5x5' (choose from '1x64', "),
+        (["--sizes", "1x16", "--predict-at", "lots"], "argument --predict-at: 'lots': expected a positive count such "),
+    ):
+        with pytest.raises(SystemExit) as e:
+            sweep_main([*base, *extra])
+        assert e.value.code == 2 and message in capsys.readouterr().err and not runs.exists()
+
+
+def test_the_sweeps_command_line_round_trips_its_sizes_and_compares_across_them(config, tmp_path, capsys):
+    base = [str(config), "--norm-types", "no_norm", "--seeds", "0", "--runs-dir", str(tmp_path / "r")]
+    spec = spec_of([*base, "--sizes", "1x16", "2x32", "--predict-at", "124M"])
+    assert spec.sizes == ["1x16", "2x32"] and spec.predict_at == 124e6
+    words = spec.argv()
+    assert words[words.index("--sizes") : words.index("--sizes") + 3] == ["--sizes", "1x16", "2x32"]
+    assert spec_of(words[3:]) == spec and [c.name for c in spec.cells()] == ["ladder-1x16-no-norm-s0",
+                                                                             "ladder-2x32-no-norm-s0"]  # fmt: skip
+    options = spec.compare_options()
+    assert options["across_sizes"] is True and options["predict_at"] == 124e6
+    command = compare_command(spec.cells(), spec.comparison, options)
+    assert shlex.join(command).endswith("--across-sizes --predict-at 124000000.0")
+    assert sweep_main([*base, "--sizes", "1x16", "2x32", "--predict-at", "124M", "--dry-run"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].endswith("--across-sizes --predict-at 124000000.0")
+
+
+# ---------------------------------------------------------------- the study, trained once for the tests below
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """3 sizes x 2 norm types x 2 seeds of the CPU ladder, swept and compared across sizes (about 35 s)."""
+    folder = tmp_path_factory.mktemp("ladder")
+    assert prepare_main(["shakespeare", "--tokenizer", "bytes", "--out", str(folder / "data"), "--quiet"]) == 0
+    config = ladder_yaml(folder, folder / "data")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        render_only(monkeypatch, "scaling.png")
+        argv = [str(config), "--sizes", *SIZE_NAMES, "--norm-types", *NORMS, "--seeds", *map(str, SEEDS),
+                "--runs-dir", str(folder / "runs"), "--baseline", "pytorch_layernorm",
+                "--predict-at", "1M"]  # fmt: skip
+        assert sweep_main(argv) == 0
+    torch.set_num_threads(threads)
+    out = folder / "runs" / "ladder-comparison"
+    return {
+        "folder": folder,
+        "runs": folder / "runs",
+        "out": out,
+        "result": json.loads((out / "comparison.json").read_text()),
+    }
+
+
+def run_dir(study, size, norm, seed):
+    return study["runs"] / f"ladder-{size}-{norm.replace('_', '-')}-s{seed}"
+
+
+def own_losses(study, norm):
+    """(seeds, sizes) test losses of ``norm``, read from each run's own evaluation file (not the comparison)."""
+    out = []
+    for seed in SEEDS:
+        row = []
+        for size in SIZE_NAMES:
+            run = RunDir(run_dir(study, size, norm, seed))
+            row.append(read_eval_result(run.checkpoint("final"), "test", "fp32")["loss"])
+        out.append(row)
+    return np.array(out)
+
+
+def own_scale(study, size):
+    summary = json.loads((run_dir(study, size, NORMS[0], 0) / "summary.json").read_text())
+    return summary
+
+
+@pytest.mark.slow
+def test_each_size_trains_its_own_parameters_times_tokens_per_param(study):
+    for size in SIZE_NAMES:
+        for norm in NORMS:
+            config = yaml.safe_load((run_dir(study, size, norm, 1) / "config.yaml").read_text())
+            assert {k: config["model"][k] for k in ("size", "n_layers", "d_model", "n_heads")} == {
+                "size": size, **SIZES[size].settings()}  # fmt: skip
+            summary = json.loads((run_dir(study, size, norm, 1) / "summary.json").read_text())
+            n = summary["n_params_outside_norms"]
+            assert summary["total_steps"] == math.ceil(TOKENS_PER_PARAM * n / TOKENS_PER_STEP)
+            assert summary["status"] == "completed"
+    counts = [own_scale(study, s)["n_params_outside_norms"] for s in SIZE_NAMES]
+    assert counts == sorted(counts) and counts[-1] > 8 * counts[0]
+    sizes = study["result"]["sizes"]
+    assert [s["size"] for s in sizes] == SIZE_NAMES and [s["n_params"] for s in sizes] == counts
+    for s in sizes:
+        summary = own_scale(study, s["size"])
+        assert s["tokens"] == summary["total_steps"] * TOKENS_PER_STEP
+        assert s["flops"] == summary["flops_per_token"] * s["tokens"]
+        each = json.loads((study["out"] / "sizes" / s["size"] / "comparison.json").read_text())
+        assert [g["group"] for g in each["groups"]] == NORMS and all(g["n_evaluated"] == 2 for g in each["groups"])
+
+
+@pytest.mark.slow
+def test_the_fits_are_direct_least_squares_on_the_runs_own_test_losses(study):
+    sizes = study["result"]["sizes"]
+    n = np.array([s["n_params"] for s in sizes], float)
+    flops = np.array([s["flops"] for s in sizes], float)
+    for norm in NORMS:
+        losses = own_losses(study, norm)
+        fits = study["result"]["norms"][norm]
+        for fit, x in ((fits["fit_n_params"], n), (fits["fit_flops"], flops)):
+            assert fit["form"] == "power" and fit["sizes"] == SIZE_NAMES  # 3 sizes: E not identified
+            slope, intercept = np.polyfit(np.log(x), np.log(losses.mean(0)), 1)
+            assert fit["alpha"]["mean"] == pytest.approx(-slope, rel=1e-9)
+            assert fit["A"] == pytest.approx(math.exp(intercept), rel=1e-9)
+            seeds = [-np.polyfit(np.log(x), np.log(losses.mean(0)) + (row - losses.mean(0)) / losses.mean(0), 1)[0]
+                     for row in losses]  # each seed's linearised alpha  # fmt: skip
+            assert fit["alpha"]["se"] == pytest.approx(np.std(seeds, ddof=1) / math.sqrt(2), rel=1e-6)
+            assert fit["alpha"]["method"] == "seed by seed" and fit["alpha"]["df"] == 1
+        predicted = fits["fit_n_params"]["predicted"]
+        slope, intercept = np.polyfit(np.log(n), np.log(losses.mean(0)), 1)
+        assert predicted["mean"] == pytest.approx(math.exp(intercept) * 1e6**slope, rel=1e-9)
+        assert predicted["at"] == 1e6 and predicted["extrapolation"] is True  # beyond 3x48's ~0.1M
+        assert predicted["low"] < predicted["mean"] < predicted["high"]
+    md = (study["out"] / "comparison.md").read_text()
+    assert "predicted test loss at N = 1M: " in md and "(an extrapolation beyond the sizes fitted)" in md
+
+
+@pytest.mark.slow
+def test_the_gaps_trend_is_a_direct_regression_on_the_paired_differences(study):
+    gaps = own_losses(study, "no_norm") - own_losses(study, "pytorch_layernorm")  # (seeds, sizes), paired by seed
+    n = np.array([s["n_params"] for s in study["result"]["sizes"]], float)
+    trend = study["result"]["norms"]["no_norm"]["trend"]
+    assert trend["mean"] == pytest.approx(np.polyfit(np.log10(n), gaps.mean(0), 1)[0], rel=1e-9)
+    per_seed = [np.polyfit(np.log10(n), g, 1)[0] for g in gaps]
+    assert trend["se"] == pytest.approx(np.std(per_seed, ddof=1) / math.sqrt(2), rel=1e-9)
+    assert study["result"]["norms"]["pytorch_layernorm"]["trend"] is None  # the baseline
+    points = study["result"]["norms"]["no_norm"]["points"]
+    assert [p["gap"]["diff"] for p in points] == pytest.approx(list(gaps.mean(0)), rel=1e-9)  # each size's, as today
+    md = (study["out"] / "comparison.md").read_text()
+    verdict = trend["verdict"]
+    assert verdict.startswith(("the gap grows with size: ", "the gap shrinks with size: ", "no trend detected: "))
+    assert f"  - {verdict}" in md and verdict.endswith("3 sizes, seed by seed)")
+    assert (study["out"] / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def copy_runs(study, tmp_path, edit=None, sizes=SIZE_NAMES):
+    """Copies of the study's runs (``edit(config dict, run name)`` changes each one's config.yaml)."""
+    import shutil
+
+    paths = []
+    for size in sizes:
+        for norm in NORMS:
+            for seed in SEEDS:
+                src = run_dir(study, size, norm, seed)
+                dst = tmp_path / src.name
+                shutil.copytree(src, dst)
+                if edit is not None:
+                    config = yaml.safe_load((dst / "config.yaml").read_text())
+                    edit(config, dst.name)
+                    (dst / "config.yaml").write_text(yaml.safe_dump(config))
+                paths.append(dst)
+    return paths
+
+
+@pytest.mark.slow
+def test_sizes_that_differ_in_anything_else_are_refused_naming_the_key(study, tmp_path):
+    def other_decay(config, name):
+        if "-3x48-" in name:
+            config["optim"]["weight_decay"] = 0.05
+
+    paths = copy_runs(study, tmp_path / "runs", other_decay)
+    with pytest.raises(UserError) as e:
+        compare_sizes(paths, tmp_path / "out", "pytorch_layernorm", plots=False)
+    message = str(e.value)
+    assert message.startswith("these runs differ in more than the norm, the seeds and the size, so a difference ")
+    assert "optim.weight_decay: 0.1 (ladder-1x16-" in message and "; 0.05 (ladder-3x48-" in message
+    assert "model.d_model" not in message and not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_runs_without_a_size_are_refused(study, tmp_path):
+    def unsized(config, name):
+        if name.endswith("no-norm-s1"):
+            config["model"]["size"] = None
+
+    paths = copy_runs(study, tmp_path / "runs", unsized, sizes=["1x16"])
+    with pytest.raises(UserError, match=r"needs every run's model.size .*; ladder-1x16-no-norm-s1 have none: train"):
+        compare_sizes(paths, tmp_path / "out", plots=False)
+
+
+@pytest.mark.slow
+def test_a_fit_with_fewer_sizes_than_it_needs_says_so_instead_of_a_number(study, tmp_path, capsys):
+    paths = [str(run_dir(study, s, norm, seed)) for s in SIZE_NAMES for norm in NORMS for seed in SEEDS]
+    out = tmp_path / "saturating"
+    argv = [*paths, "--across-sizes", "--form", "saturating", "--out", str(out), "--no-plots", "--predict-at", "1M"]
+    assert compare_main(argv) == 0
+    printed = capsys.readouterr().out
+    fit = json.loads((out / "comparison.json").read_text())["norms"]["no_norm"]["fit_n_params"]
+    assert "alpha" not in fit and "predicted" not in fit
+    assert fit["not_fitted"].startswith("not fitted: E + A*N^-alpha has 3 parameters and these runs have 3 sizes "
+                                        "(1x16, 2x32, 3x48): it needs 4 or more")  # fmt: skip
+    assert f"- **no_norm** against N (E + A*N^-alpha): {fit['not_fitted']}" in printed
+    one = tmp_path / "one"
+    assert compare_main([*paths[:4], "--across-sizes", "--out", str(one), "--no-plots"]) == 0
+    result = json.loads((one / "comparison.json").read_text())
+    assert result["norms"]["no_norm"]["fit_n_params"]["not_fitted"].startswith(
+        "not fitted: log(L - E0) = log A - alpha*log N has 2 parameters and these runs have 1 size (1x16): it needs 2"
+    )
+    assert result["norms"]["no_norm"]["trend"]["verdict"] == (
+        "no trend: no_norm is paired with pytorch_layernorm at 1 size(s); it needs 2 or more"
+    )
+    with pytest.raises(SystemExit) as e:
+        compare_main([*paths, "--predict-at", "1M", "--out", str(tmp_path / "x")])
+    assert (
+        e.value.code == 2
+        and "--predict-at, --form and --irreducible fit across sizes: add --across-sizes" in capsys.readouterr().err
+    )

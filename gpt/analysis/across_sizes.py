@@ -100,7 +100,10 @@ def compare_sizes(
     sizes = []
     for name, size_runs in _by_size(runs).items():
         folder = out / SIZES_FOLDER / name
-        result = compare([r.path for r in size_runs], folder, baseline, plots=plots, **options)
+        try:
+            result = compare([r.path for r in size_runs], folder, baseline, plots=plots, **options)
+        except UserError as e:  # say which size
+            raise UserError(f"model.size {name}: {e}") from None
         sizes.append({"size": name, **_scale(size_runs), "comparison": result, "folder": str(folder)})
     result = _result(sizes, predict_at, form, irreducible)
     result["failed"] = [{"run": name, "error": error} for name, error in (failed or {}).items()]
@@ -121,7 +124,14 @@ def _norm_points(sizes: list[dict]) -> tuple[str, dict[str, list[dict]]]:
     FLOPs, its seeds' test losses (by seed), their mean, its paired differences to the baseline seed by seed and
     the size's comparison of the two (``gpt.analysis.stats.difference``, as its own report gives it)."""
     points: dict[str, list[dict]] = {}
-    base = None
+    bases = {s["size"]: _norm_of(s["comparison"], s["comparison"]["baseline"]) for s in sizes}
+    if len(set(bases.values())) > 1:
+        raise UserError(
+            "the baseline is another norm type at another size ("
+            + ", ".join(f"{size}: {norm}" for size, norm in bases.items())
+            + "): give --baseline NORM_TYPE, one that every size has"
+        )
+    base = next(iter(bases.values()))
     for s in sizes:
         comparison = s["comparison"]
         losses = {}
@@ -131,8 +141,6 @@ def _norm_points(sizes: list[dict]) -> tuple[str, dict[str, list[dict]]]:
         base_losses = losses[comparison["baseline"]]
         for row in comparison["groups"]:
             norm, mine = row["values"][AXIS], losses[row["group"]]
-            if row["group"] == comparison["baseline"]:
-                base = norm
             if not mine or s["n_params"] is None:
                 continue
             v = row["vs_baseline"]
@@ -143,6 +151,10 @@ def _norm_points(sizes: list[dict]) -> tuple[str, dict[str, list[dict]]]:
                 "gap": None if v is None else {k: v.get(k) for k in ("diff", "se", "df", "low", "high", "method")},
             })  # fmt: skip
     return base, points
+
+
+def _norm_of(comparison: dict, group: str) -> str:
+    return next(row["values"][AXIS] for row in comparison["groups"] if row["group"] == group)
 
 
 def seed_matrix(points: list[dict], key: str) -> np.ndarray:
@@ -219,10 +231,16 @@ def _result(sizes: list[dict], predict_at: float | None, form: str, irreducible:
         "sizes": [
             {k: s[k] for k in ("size", "n_params", "tokens", "flops", "folder")}
             | {"baseline_group": s["comparison"]["baseline"], "shared": s["comparison"]["shared"]}
+            | {"chosen_rates": _chosen(s["comparison"].get("selection"))}
             for s in sizes
         ],
         "norms": norms,
     }
+
+
+def _chosen(selection: dict | None) -> dict | None:
+    """Each norm type's learning rate chosen on validation at one size (None: no rate was chosen there)."""
+    return {f["family"]: f["chosen_value"] for f in selection["families"]} if selection else None
 
 
 def _count(x) -> str:
@@ -265,23 +283,29 @@ def markdown(result: dict) -> str:
         "gives each size differ. N: parameters outside the norm layers; FLOPs: training FLOPs (6 x matmul "
         "weights + attention, per token, x tokens).",
         "",
-        "| size | N | tokens | training FLOPs | baseline group |",
-        "|---|---|---|---|---|",
     ]
+    if any(s["chosen_rates"] for s in result["sizes"]):
+        lines += [
+            "Each norm type's learning rate was chosen on validation loss at each size (sizes/<size>/comparison.md, "
+            "'Learning rate chosen on validation'); the test losses below are at the chosen rates, on the runs that "
+            "chose them, so every interval here is optimistic by that choice.",
+            "",
+        ]
+    lines += ["| size | N | tokens | training FLOPs | baseline group |", "|---|---|---|---|---|"]
     for s in result["sizes"]:
         lines.append(
             f"| {s['size']} | {_count(s['n_params'])} | {_count(s['tokens'])} | {_count(s['flops'])} | "
             f"{s['baseline_group']} |"
         )
-    lines += ["", "## Test loss by size", "", "| norm type | size | seeds | mean | fitted (N) | residual |",
-              "|---|---|---|---|---|---|"]  # fmt: skip
+    lines += ["", "## Test loss by size", "", "| norm type | size | group | seeds | mean | fitted (N) | residual |",
+              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for norm, n in result["norms"].items():
         fit = n["fit_n_params"]
         fitted = dict(zip(fit.get("sizes", []), fit.get("fitted", []))) if "fitted" in fit else {}
         for p in n["points"]:
             f = fitted.get(p["size"])
             cells = f"{_loss(f)} | {_loss(p['mean'] - f, '+')}" if f is not None else "- | -"
-            lines.append(f"| {norm} | {p['size']} | {len(p['losses'])} | {_loss(p['mean'])} | {cells} |")
+            lines.append(f"| {norm} | {p['size']} | {p['group']} | {len(p['losses'])} | {_loss(p['mean'])} | {cells} |")
     lines += [
         "",
         "## Fits per norm type",

@@ -11,6 +11,7 @@ import pytest
 import torch
 import yaml
 from analysis.test_compare import render_only
+from conftest import CONFIGS
 from sweep.test_lr_axis import spec_of
 
 from gpt.analysis.across_sizes import compare_sizes
@@ -27,24 +28,18 @@ SIZE_NAMES, NORMS, SEEDS = ["1x16", "2x32", "3x48"], ["pytorch_layernorm", "no_n
 TOKENS_PER_PARAM, TOKENS_PER_STEP = 2, 16 * 64
 
 
-def ladder_yaml(folder, data) -> str:
-    """The CPU ladder's study on the byte-level Shakespeare set: 2 tokens per parameter, 1,024 tokens a step."""
-    path = folder / "ladder.yaml"
-    path.write_text(f"""
-run: {{name: ladder, device: cpu}}
-model: {{vocab_size: 257, context_length: 64, norm_type: pytorch_layernorm}}
-data: {{path: {data}, val_tokens: 4096, test_tokens: 8192}}
-optim: {{lr: 1.0e-2, min_lr: 1.0e-3, warmup_frac: 0.05}}
-train: {{seed: 0, micro_batch_size: 16, global_batch_size: 16, tokens_per_param: {TOKENS_PER_PARAM}, precision: fp32,
-         eval_every: 100000, checkpoint_every: 100000}}
-log: {{log_every: 50, progress: false}}
-""")
-    return path
+def smaller(data) -> list[str]:
+    """configs/ladder.yaml (the CPU ladder's study, docs/studies.md) cut for the tests: 2 tokens per parameter
+    instead of 20, validated only at the end, tested on 8,192 bytes, on the byte-level set in ``data``."""
+    sets = [f"data.path={data}", "data.val_tokens=4096", "data.test_tokens=8192", "log.progress=false",
+            f"train.tokens_per_param={TOKENS_PER_PARAM}", "train.eval_every=100000",
+            "train.checkpoint_every=100000"]  # fmt: skip
+    return [a for s in sets for a in ("--set", s)]
 
 
 @pytest.fixture
-def config(tmp_path):
-    return ladder_yaml(tmp_path, tmp_path / "data")
+def config():
+    return CONFIGS / "ladder.yaml"
 
 
 def test_cells_of_a_size_sweep(config, tmp_path):
@@ -107,18 +102,25 @@ def test_the_sweeps_command_line_round_trips_its_sizes_and_compares_across_them(
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory):
-    """3 sizes x 2 norm types x 2 seeds of the CPU ladder, swept and compared across sizes (about 35 s)."""
+def byte_level(tmp_path_factory):
+    """The Shakespeare set at byte level, as configs/ladder.yaml reads it (4 s)."""
+    data = tmp_path_factory.mktemp("bytes") / "shakespeare-bytes"
+    assert prepare_main(["shakespeare", "--tokenizer", "bytes", "--out", str(data), "--quiet"]) == 0
+    return data
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory, byte_level):
+    """3 sizes x 2 norm types x 2 seeds of the CPU ladder, swept and compared across sizes (about 30 s)."""
     folder = tmp_path_factory.mktemp("ladder")
-    assert prepare_main(["shakespeare", "--tokenizer", "bytes", "--out", str(folder / "data"), "--quiet"]) == 0
-    config = ladder_yaml(folder, folder / "data")
+    config = CONFIGS / "ladder.yaml"
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     with pytest.MonkeyPatch.context() as monkeypatch:
         render_only(monkeypatch, "scaling.png")
         argv = [str(config), "--sizes", *SIZE_NAMES, "--norm-types", *NORMS, "--seeds", *map(str, SEEDS),
                 "--runs-dir", str(folder / "runs"), "--baseline", "pytorch_layernorm",
-                "--predict-at", "1M"]  # fmt: skip
+                "--predict-at", "1M", *smaller(byte_level)]  # fmt: skip
         assert sweep_main(argv) == 0
     torch.set_num_threads(threads)
     out = folder / "runs" / "ladder-comparison"
@@ -156,6 +158,7 @@ def test_each_size_trains_its_own_parameters_times_tokens_per_param(study):
     for size in SIZE_NAMES:
         for norm in NORMS:
             config = yaml.safe_load((run_dir(study, size, norm, 1) / "config.yaml").read_text())
+            assert config["train"]["tokens_per_param"] == TOKENS_PER_PARAM and config["model"]["context_length"] == 64
             assert {k: config["model"][k] for k in ("size", "n_layers", "d_model", "n_heads")} == {
                 "size": size, **SIZES[size].settings()}  # fmt: skip
             summary = json.loads((run_dir(study, size, norm, 1) / "summary.json").read_text())
@@ -290,3 +293,55 @@ def test_a_fit_with_fewer_sizes_than_it_needs_says_so_instead_of_a_number(study,
         e.value.code == 2
         and "--predict-at, --form and --irreducible fit across sizes: add --across-sizes" in capsys.readouterr().err
     )
+
+
+@pytest.mark.slow
+def test_a_rate_chosen_per_size_is_the_one_each_size_fits(byte_level, tmp_path, monkeypatch, capsys):
+    """--sizes with --lrs: each size chooses each norm type's rate on validation (its own comparison's selection),
+    and the fit across sizes is of the chosen rates' runs, said optimistic."""
+    render_only(monkeypatch)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    runs = tmp_path / "runs"
+    argv = [str(CONFIGS / "ladder.yaml"), "--sizes", "1x16", "2x32", "--norm-types", *NORMS, "--seeds", "0", "1",
+            "--lrs", "1e-2", "3e-2", "--runs-dir", str(runs), "--baseline", "pytorch_layernorm",
+            *smaller(byte_level), "--set", "train.tokens_per_param=1"]  # fmt: skip
+    try:
+        assert sweep_main(argv) == 0
+    finally:
+        torch.set_num_threads(threads)
+    printed = capsys.readouterr().out
+    result = json.loads((runs / "ladder-comparison" / "comparison.json").read_text())
+    assert [s["size"] for s in result["sizes"]] == ["1x16", "2x32"]
+    for s in result["sizes"]:
+        own = json.loads((runs / "ladder-comparison" / "sizes" / s["size"] / "comparison.json").read_text())
+        chosen = {f["family"]: f["chosen_value"] for f in own["selection"]["families"]}
+        assert s["chosen_rates"] == chosen and set(chosen) == set(NORMS) and set(chosen.values()) <= {1e-2, 3e-2}
+        for norm in NORMS:
+            point = next(p for p in result["norms"][norm]["points"] if p["size"] == s["size"])
+            assert point["group"] == f"{norm}, optim.lr={chosen[norm]}"
+            lr = "1e-2" if chosen[norm] == 1e-2 else "3e-2"
+            losses = [
+                read_eval_result(RunDir(runs / f"ladder-{s['size']}-{norm.replace('_', '-')}-lr{lr}-s{seed}")
+                                 .checkpoint("final"), "test", "fp32")["loss"]
+                for seed in (0, 1)
+            ]  # fmt: skip
+            assert point["mean"] == pytest.approx(np.mean(losses), rel=1e-12)
+    assert "learning rate was chosen on validation loss at each size" in printed
+    assert "every interval here is optimistic by that choice" in printed
+
+
+@pytest.mark.slow
+def test_a_baseline_that_changes_with_size_is_refused(study, tmp_path):
+    """Without the baseline's runs at one size, the default rule would choose another norm type there: refused,
+    naming each size's; a size its comparison refuses is named too."""
+    paths = [run_dir(study, s, n, seed) for s in SIZE_NAMES for n in NORMS for seed in SEEDS]
+    missing = [p for p in paths if not p.name.startswith("ladder-3x48-pytorch")]
+    with pytest.raises(UserError) as e:
+        compare_sizes(missing, tmp_path / "out", plots=False)
+    assert str(e.value) == (
+        "the baseline is another norm type at another size (1x16: pytorch_layernorm, 2x32: pytorch_layernorm, "
+        "3x48: no_norm): give --baseline NORM_TYPE, one that every size has"
+    )
+    with pytest.raises(UserError, match=r"^model.size 3x48: --baseline 'pytorch_layernorm' is not a group; groups: "):
+        compare_sizes(missing, tmp_path / "out2", "pytorch_layernorm", plots=False)

@@ -86,6 +86,11 @@ def read_sweep(folder: Path, comparison: Path | None = None, include_failed: boo
     folder = Path(folder)
     comparison = sweep_comparison_folder(folder, comparison)
     result = read_json(comparison / COMPARISON_FILE, "comparison")
+    if "groups" not in result and "sizes" in result:
+        raise UserError(
+            f"{comparison}: a comparison across sizes, which names no runs itself; publish each size's: --comparison "
+            f"{comparison / 'sizes' / result['sizes'][0]['size']} (and the other sizes in {comparison / 'sizes'})"
+        )
     split = (result.get("test_range") or {}).get("split", "test")
     runs = []
     for group in result.get("groups", []):

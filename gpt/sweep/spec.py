@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpt.analysis.selection import LR_KEY
+from gpt.common.errors import UserError
 from gpt.common.files import read_json
 from gpt.run.directory import COMPARISON_FILE
 from gpt.sweep.cells import (
@@ -49,6 +50,11 @@ class SweepSpec:
     def __post_init__(self) -> None:
         check_rates(self.confirm_seeds, self.lrs, self.seeds, self.init_seeds)
         check_size_axis(self.sizes, self.confirm_seeds, self.predict_at)
+        if self.sizes and self.push_to_hub:
+            raise UserError(
+                "--push-to-hub with --sizes: publish each size's comparison when the sweep has run: scripts/"
+                "publish_sweep.py RUNS_DIR --namespace USER --comparison RUNS_DIR/<config>-comparison/sizes/SIZE"
+            )
 
     @classmethod
     def from_args(cls, args, nproc: int) -> SweepSpec:

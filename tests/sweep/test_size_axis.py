@@ -20,9 +20,12 @@ from gpt.commands.prepare_data import main as prepare_main
 from gpt.commands.sweep import main as sweep_main
 from gpt.common.errors import UserError
 from gpt.config.sizes import SIZES
+from gpt.publish.sweep_source import read_sweep
 from gpt.run.directory import RunDir, read_eval_result
+from gpt.sweep import cell_job
 from gpt.sweep.cells import lay_out
 from gpt.sweep.launch import compare_command
+from gpt.sweep.slurm import SweepFolder
 
 SIZE_NAMES, NORMS, SEEDS = ["1x16", "2x32", "3x48"], ["pytorch_layernorm", "no_norm"], [0, 1]
 TOKENS_PER_PARAM, TOKENS_PER_STEP = 2, 16 * 64
@@ -96,6 +99,48 @@ def test_the_sweeps_command_line_round_trips_its_sizes_and_compares_across_them(
     assert shlex.join(command).endswith("--across-sizes --predict-at 124000000.0")
     assert sweep_main([*base, "--sizes", "1x16", "2x32", "--predict-at", "124M", "--dry-run"]) == 0
     assert capsys.readouterr().out.splitlines()[-1].endswith("--across-sizes --predict-at 124000000.0")
+
+
+def test_slurm_jobs_lay_out_the_sizes_and_the_comparison_job_compares_across_them(config, tmp_path, capsys,
+                                                                                  monkeypatch):  # fmt: skip
+    runs = tmp_path / "r"
+    base = [str(config), "--norm-types", "no_norm", "--seeds", "0", "--runs-dir", str(runs), "--sizes", "1x16", "2x32"]
+    assert sweep_main([*base, "--predict-at", "2M", "--launcher", "slurm", "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert "#SBATCH --array=0,1" in printed and not runs.exists()
+    job = next(line for line in printed.splitlines() if line.startswith("exec ") and "cell:" in line)
+    words = shlex.split(job)[4:-2]  # past "exec python -m gpt.commands.sweep", before "--in-job cell:$TASK"
+    spec = spec_of(words)
+    assert spec == spec_of([*base, "--predict-at", "2M"]) and spec.sizes == ["1x16", "2x32"]
+    for cell in spec.cells():  # each cell's job has left a finished run (compare_grid is not run on them)
+        cell.run.path.mkdir(parents=True)
+        cell.run.config_file.write_text("run: {}\n")
+        cell.run.metrics_file.write_text('{"step": 1, "train_loss": 5.0}\n')
+        (cell.run.path / "summary.json").write_text(json.dumps({"status": "completed"}))
+    compared = {}
+    monkeypatch.setattr(cell_job, "compare_grid", lambda present, out, failed, **options: compared.update(options))
+    cell_job.compare_sweep(spec, SweepFolder.of(spec.config, spec.runs_dir))
+    assert compared["across_sizes"] is True and compared["predict_at"] == 2e6
+
+
+def test_a_sweep_across_sizes_is_published_size_by_size(config, tmp_path, capsys):
+    runs = tmp_path / "r"
+    argv = [str(config), "--norm-types", "no_norm", "--seeds", "0", "--runs-dir", str(runs), "--sizes", "1x16",
+            "2x32", "--push-to-hub", "me"]  # fmt: skip
+    assert sweep_main(argv) == 2
+    assert capsys.readouterr().err == (
+        "error: --push-to-hub with --sizes: publish each size's comparison when the sweep has run: scripts/"
+        "publish_sweep.py RUNS_DIR --namespace USER --comparison RUNS_DIR/<config>-comparison/sizes/SIZE\n"
+    )
+    comparison = runs / "ladder-comparison"
+    comparison.mkdir(parents=True)
+    (comparison / "comparison.json").write_text(json.dumps({"sizes": [{"size": "1x16"}], "norms": {}}))
+    with pytest.raises(UserError) as e:
+        read_sweep(runs)
+    assert str(e.value) == (
+        f"{comparison}: a comparison across sizes, which names no runs itself; publish each size's: --comparison "
+        f"{comparison / 'sizes' / '1x16'} (and the other sizes in {comparison / 'sizes'})"
+    )
 
 
 # ---------------------------------------------------------------- the study, trained once for the tests below

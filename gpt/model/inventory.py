@@ -13,8 +13,9 @@ def model_summary(cfg: Config, model: GPT) -> str:
     return "\n".join(
         [
             f"run {cfg.run.name} -> {cfg.run_dir}",
-            f"model: {m.n_layers} layers x d_model {m.d_model} x {m.n_heads} heads, context {m.context_length}, "
-            f"vocab {m.vocab_size}, norm {m.norm_type} ({m.norm_placement}-norm, "
+            f"model: {f'size {m.size}: ' if m.size else ''}{m.n_layers} layers x d_model {m.d_model} x "
+            f"{m.n_heads} heads, context {m.context_length}, vocab {m.vocab_size}, "
+            f"norm {m.norm_type} ({m.norm_placement}-norm, "
             f"{'' if m.final_norm else 'no final norm, '}"
             f"QK-norm {m.qk_norm + ' ' + m.qk_norm_type if m.qk_norm != 'none' else 'off'}"
             f"{', norms in fp32' if m.norm_compute_dtype == 'float32' else ''}), init {m.init} (seed {cfg.init_seed})",

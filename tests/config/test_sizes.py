@@ -50,3 +50,11 @@ def test_a_dimension_that_contradicts_the_size_is_refused_in_one_line(tmp_path):
         load_config(both)
     with pytest.raises(ConfigError, match=r"model.size: '5x5' is not one of: 1x64, 2x128, .*, 4x64$"):
         load_config(CONFIGS / "tiny.yaml", ["model.size=5x5"])
+
+
+def test_the_dry_run_names_the_size_and_its_length_by_tokens_per_param(cli):
+    out = cli("train", CONFIGS / "ladder.yaml", "--set", "model.size=4x64", "--dry-run")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[1].startswith("model: size 4x64: 4 layers x d_model 64 x 4 heads, context 64, vocab 257, ")
+    assert lines[4] == "length: 4,593 steps = 4,703,232 tokens (20 per parameter outside the norm layers: 235,136)"

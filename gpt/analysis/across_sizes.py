@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from gpt.analysis import scaling
+from gpt.analysis.charts import plot_scaling
 from gpt.analysis.comparable import check_comparable, check_names, check_only_the_norm_differs
 from gpt.analysis.report import _loss, escaped
 from gpt.analysis.runs import AXIS, load_runs
@@ -110,12 +111,7 @@ def compare_sizes(
     out.mkdir(parents=True, exist_ok=True)
     write_atomically(out / "comparison.md", markdown(result))
     write_json(out / COMPARISON_FILE, json_safe(result), default=str, allow_nan=False)
-    if plots:
-        from gpt.analysis.charts import plot_scaling
-
-        result["plots"] = [str(plot_scaling(result, out / SCALING_CHART))]
-    else:
-        result["plots"] = []
+    result["plots"] = [str(plot_scaling(result, out / SCALING_CHART))] if plots else []
     return result
 
 
@@ -204,7 +200,7 @@ def _trend(points: list[dict], norm: str, base: str) -> dict:
     slope["gap_at_center"] = float(np.mean([np.mean(list(p["gaps"].values())) for p in paired]))
     slope["sizes"] = [p["size"] for p in paired]
     if not math.isfinite(slope["low"]):
-        return {**slope, "verdict": f"no trend interval: one seed paired at a size ({slope['method']})"}
+        return {**slope, "verdict": "no trend interval: the seeds give no spread (one seed at a size, or equal gaps)"}
     interval = f"{slope['mean']:+.4f} [{slope['low']:+.4f}, {slope['high']:+.4f}] per 10x parameters"
     if not slope["low"] <= 0 <= slope["high"]:  # the interval excludes no change
         grows = (slope["mean"] > 0) == (slope["gap_at_center"] > 0)
@@ -254,7 +250,7 @@ def _count(x) -> str:
 
 def _ci(v: dict, spec: str = ".4f") -> str:
     if v.get("low") is None or not math.isfinite(v["low"]):
-        return f"{v['mean']:{spec}} (no interval: one seed at a size)"
+        return f"{v['mean']:{spec}} (no interval: the seeds give no spread)"
     return f"{v['mean']:{spec}} [{v['low']:{spec}}, {v['high']:{spec}}] ({v['method']}, df {v['df']:.3g})"
 
 

@@ -19,7 +19,10 @@ from pathlib import Path
 from gpt.analysis.across_sizes import compare_sizes
 from gpt.analysis.table import compare
 from gpt.common.errors import UserError
+from gpt.data.batches import TrainBatches
+from gpt.data.folders import open_split
 from gpt.evaluation.held_out import EvalOptions, evaluate_checkpoint
+from gpt.model.gpt import GPT
 from gpt.publish.release import outcome_problems, publish_sweep
 from gpt.run.directory import COMPLETED, FINISHED, INTERRUPTED, read_eval_result
 from gpt.run.distributed import setup
@@ -132,6 +135,8 @@ def run_sweep(
     out = comparison_folder(config, runs_dir, out)
     compare_options["across_sizes"] = compare_options.get("across_sizes") or bool(sizes)
     grid_out = selection_folder(out) if confirm_seeds else out
+    if sizes and not dry_run:
+        check_capacity(cells)
     run_cells(config, cells, nproc, dry_run, log, hooks_for)
     if dry_run:
         log(shlex.join(compare_command(cells, grid_out, compare_options)))
@@ -151,6 +156,28 @@ def run_sweep(
     log(f"confirmation: {len(confirmation)} cell(s) at the chosen rates, seeds {' '.join(map(str, confirm_seeds))}")
     run_cells(config, confirmation, nproc, False, log, hooks_for)
     return compare([c.run.path for c in confirmation], out, **spec.confirmation_options(result["selection"]))
+
+
+def check_capacity(cells: list[Cell]) -> None:
+    """Refuse, before any cell trains, a cell that asks more training tokens than its data has. Across sizes on
+    train.tokens_per_param the largest size trains longest, and the trainer would say so only when its turn
+    came, after the smaller sizes. Each distinct model is built once, on the CPU, to count its parameters."""
+    seen = set()
+    for cell in cells:
+        cfg = cell.cfg
+        key = (cfg.model.n_layers, cfg.model.d_model, cfg.model.n_heads, cfg.data.path, cfg.data.train_split)
+        if key in seen or cell.run.status() in FINISHED or not Path(cfg.data.path).is_dir():
+            continue  # data not here yet (a Hub set, say): the trainer checks it
+        seen.add(key)
+        t, steps = cfg.train, cfg.total_steps(GPT(cfg.model).num_params(norms=False))
+        tokens = open_split(Path(cfg.data.path), cfg.data.train_split)
+        reader = TrainBatches(tokens, cfg.model.context_length, t.global_batch_size, t.global_batch_size)
+        try:
+            reader.check_capacity(steps)
+        except UserError as e:
+            raise UserError(f"{cell.name} (and the cells of its size): {e}") from None
+        finally:
+            reader.close()
 
 
 def run_cells(config: Path, cells: list[Cell], nproc: int, dry_run: bool, log, hooks_for) -> None:

@@ -101,6 +101,20 @@ def test_the_sweeps_command_line_round_trips_its_sizes_and_compares_across_them(
     assert capsys.readouterr().out.splitlines()[-1].endswith("--across-sizes --predict-at 124000000.0")
 
 
+def test_a_size_longer_than_the_data_is_refused_before_any_cell_trains(config, token_set, tmp_path, capsys):
+    """The trainer would refuse 4x64 only when its turn came, after every smaller size had trained."""
+    runs = tmp_path / "runs"
+    argv = [str(config), "--norm-types", "no_norm", "--seeds", "0", "--runs-dir", str(runs), "--sizes", "1x16", "4x64",
+            "--set", f"data.path={token_set}", "--set", "train.tokens_per_param=1"]  # fmt: skip
+    assert sweep_main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"error: ladder-4x64-no-norm-s0 (and the cells of its size): {token_set / 'train.bin'}: 200,000 tokens are "
+        "195 steps of 16 x 64 tokens, but the run asks for 230 steps (235,520 tokens); use a larger data set or "
+        "fewer tokens\n"
+    )
+    assert not runs.exists()
+
+
 def test_slurm_jobs_lay_out_the_sizes_and_the_comparison_job_compares_across_them(config, tmp_path, capsys,
                                                                                   monkeypatch):  # fmt: skip
     runs = tmp_path / "r"

@@ -57,4 +57,4 @@ def test_the_dry_run_names_the_size_and_its_length_by_tokens_per_param(cli):
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[1].startswith("model: size 4x64: 4 layers x d_model 64 x 4 heads, context 64, vocab 257, ")
-    assert lines[4] == "length: 4,593 steps = 4,703,232 tokens (20 per parameter outside the norm layers: 235,136)"
+    assert lines[4] == "length: 3,445 steps = 3,527,680 tokens (15 per parameter outside the norm layers: 235,136)"

@@ -161,14 +161,37 @@ def seed_matrix(points: list[dict], key: str) -> np.ndarray:
 
 
 def _fit(points: list[dict], x_key: str, form: str, irreducible: float, predict_at: float | None) -> dict:
-    """One norm type's fit against ``x_key`` (n_params or flops) at its sizes, or why it has none."""
+    """One norm type's fit against ``x_key`` (n_params or flops) at its sizes, or why it has none. ``auto`` takes
+    the saturating form only where its E comes out identified (``_unidentified``), else the log-log line, and
+    says why; a saturating fit asked for by name keeps its numbers and says what is wrong with them."""
     points = [p for p in points if p[x_key]]
+    chosen = scaling.chosen_form(form, len(points))
+    fit = _fit_form(points, x_key, chosen, irreducible, predict_at)
+    problem = _unidentified(fit) if chosen == "saturating" else None
+    if problem and form == "auto":
+        return {**_fit_form(points, x_key, "power", irreducible, predict_at), "instead_of_saturating": problem}
+    return {**fit, "warning": problem} if problem and "not_fitted" not in fit else fit
+
+
+def _unidentified(fit: dict) -> str | None:
+    """Why a saturating fit does not identify E: no minimum inside alpha's range, or an E outside [0, the
+    smallest mean loss), where no loss could saturate."""
+    if "not_fitted" in fit:
+        return fit["not_fitted"].removeprefix("not fitted: ")
+    if not 0 <= fit["E"] < min(fit["means"]):
+        return (
+            f"E + A*N^-alpha puts E at {fit['E']:.4g}, outside [0, the smallest mean loss {min(fit['means']):.4g}): "
+            "these sizes do not show the loss levelling off"
+        )
+    return None
+
+
+def _fit_form(points: list[dict], x_key: str, form: str, irreducible: float, predict_at: float | None) -> dict:
     names = [p["size"] for p in points]
-    form = scaling.chosen_form(form, len(points))
-    why = scaling.not_fitted(form, names)
     head = {"form": form, "formula": scaling.FORMULA[form], "sizes": names}
     if form == "power":
         head["irreducible"] = irreducible
+    why = scaling.not_fitted(form, names)
     if why:
         return {**head, "not_fitted": why}
     x = np.array([p[x_key] for p in points], float)
@@ -262,11 +285,13 @@ def _fit_line(fit: dict) -> str:
     if "not_fitted" in fit:
         return fit["not_fitted"]
     words = f"alpha {_ci(fit['alpha'])}"
+    if fit.get("instead_of_saturating"):
+        words = f"(the log-log line, as {fit['instead_of_saturating']}) {words}"
     if fit["form"] == "saturating":
         words += f", E {_ci(fit['E_interval'])}, A {fit['A']:.4g}"
     else:
         words += f", A {fit['A']:.4g} (E0 = {fit['irreducible']:g} given)"
-    return words
+    return words + (f"; but {fit['warning']}" if fit.get("warning") else "")
 
 
 def markdown(result: dict) -> str:

@@ -9,7 +9,7 @@ import pytest
 from scipy import optimize
 from scipy import stats as scipy_stats
 
-from gpt.analysis import scaling
+from gpt.analysis import across_sizes, scaling
 
 N = np.array([1.2e4, 4.4e4, 1.1e5, 3.0e5, 8.0e5])
 E0, A0, ALPHA0 = 1.5, 25.0, 0.25
@@ -117,3 +117,29 @@ def test_parameter_counts_read_as_written():
     for bad in ("", "M", "-3M", "abc", "nan"):
         with pytest.raises(ValueError, match="expected a positive count such as 124M"):
             scaling.parse_count(bad)
+
+
+def points_of(e, seeds=3):
+    """Four sizes' points as a comparison across sizes holds them, losses from e + 25 N^-0.25 with seed noise."""
+    losses = (e + A0 * N[:4] ** -ALPHA0)[None] + np.random.default_rng(5).normal(0, 0.002, (seeds, 4))
+    return [
+        {"size": f"s{i}", "n_params": float(n), "flops": None, "losses": {str(k): losses[k, i] for k in range(seeds)}}
+        for i, n in enumerate(N[:4])
+    ]
+
+
+def test_auto_keeps_the_saturating_form_only_where_it_identifies_e():
+    kept = across_sizes._fit(points_of(1.5), "n_params", "auto", 0.0, None)
+    assert kept["form"] == "saturating" and kept["E"] == pytest.approx(1.5, abs=0.05)
+    assert "instead_of_saturating" not in kept and "warning" not in kept
+    fell = across_sizes._fit(points_of(-0.5), "n_params", "auto", 0.0, None)
+    assert fell["form"] == "power" and fell["alpha"]["mean"] > 0
+    assert fell["instead_of_saturating"].startswith("E + A*N^-alpha puts E at -0.5")
+    assert fell["instead_of_saturating"].endswith(": these sizes do not show the loss levelling off")
+    asked = across_sizes._fit(points_of(-0.5), "n_params", "saturating", 0.0, None)
+    assert asked["form"] == "saturating" and asked["E"] < 0 and asked["warning"] == fell["instead_of_saturating"]
+    line = across_sizes._fit_line(asked)
+    assert line.endswith(f"; but {asked['warning']}")
+    assert across_sizes._fit(points_of(1.5), "flops", "auto", 0.0, None)["not_fitted"].startswith(
+        "not fitted: log(L - E0) = log A - alpha*log N has 2 parameters and these runs have 0 sizes (none)"
+    )  # no FLOPs recorded

@@ -19,6 +19,7 @@ import numpy as np
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.colors import LogNorm, Normalize  # noqa: E402
+from matplotlib.ticker import NullFormatter  # noqa: E402
 
 from gpt.analysis.inside import Stats, group_curves, group_profiles, load_stats  # noqa: E402
 from gpt.common.errors import os_reason  # noqa: E402
@@ -299,9 +300,12 @@ def plot_scaling(result: dict, path: Path) -> Path:
             right.plot(gx, line, "-", color=colour, lw=1, alpha=0.8)
     for ax in (left, right):
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # a decade or two: the minor labels would overlap
         ax.set_xlabel("N: parameters outside the norm layers")
         ax.grid(alpha=0.3)
     right.axhline(0, color="grey", lw=1)
+    sized = [s for s in result["sizes"] if s["n_params"]]
+    right.set_xticks([s["n_params"] for s in sized], [f"{s['size']}\n{s['n_params']:,}" for s in sized], fontsize=8)
     left.set_ylabel("test loss")
     left.set_title("test loss by size: seeds, mean, fit (dashed: extrapolated)")
     right.set_ylabel(f"paired difference to {result['baseline']}")

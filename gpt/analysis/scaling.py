@@ -45,7 +45,7 @@ FORMS = ("auto", "saturating", "power")
 PARAMETERS = {"saturating": 3, "power": 2}  # what each form fits
 NEEDS = {"saturating": 4, "power": 2}  # sizes it needs: saturating one more than its parameters (see above)
 FORMULA = {"saturating": "E + A*N^-alpha", "power": "log(L - E0) = log A - alpha*log N"}
-ALPHA_GRID = np.geomspace(1e-3, 4.0, 400)  # where the saturating fit's alpha is searched
+ALPHA_GRID = np.geomspace(1e-3, 4.0, 200)  # where the saturating fit's alpha is searched
 SEED_BY_SEED = "seed by seed"  # how an interval's se was found (``spread``)
 BY_SIZE = "by size, Satterthwaite"
 GOLDEN_STEPS = 48  # golden-section steps after the grid: the bracket shrinks by 0.618^48 ~ 1e-10

@@ -27,6 +27,9 @@ from gpt.sweep.cells import lay_out
 from gpt.sweep.launch import compare_command
 from gpt.sweep.slurm import SweepFolder
 
+# the study below is trained once: on one pytest-xdist worker (.ci/run: --dist loadgroup), not once on each
+pytestmark = pytest.mark.xdist_group("size_axis_study")
+
 SIZE_NAMES, NORMS, SEEDS = ["1x16", "2x32", "3x48"], ["pytorch_layernorm", "no_norm"], [0, 1]
 TOKENS_PER_PARAM, TOKENS_PER_STEP = 2, 16 * 64
 

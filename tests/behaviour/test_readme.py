@@ -216,7 +216,7 @@ def test_ci_runs_the_readme_test_command_and_then_the_slow_tests():
     runs = [words[words.index(".venv/bin/python") :] for words in runs]  # each after `step NAME`: it times it
     assert runs == [  # the slow tier in two parts that together are all of it, and nothing run twice
         [".venv/bin/python", "-m", "pytest", *pytest_args],
-        [".venv/bin/python", "-m", "pytest", "-m", "slow and not serial", "-n", "2"],
+        [".venv/bin/python", "-m", "pytest", "-m", "slow and not serial", "-n", "2", "--dist", "loadgroup"],
         [".venv/bin/python", "-m", "pytest", "-m", "slow and serial"],
     ]
     steps = [line.split('" ', 1)[-1] for line in ci if line.startswith("step ")]  # the command each step runs

@@ -189,7 +189,7 @@ def test_a_jobs_child_dies_with_the_job(tmp_path):
     os.kill(job.pid, signal.SIGKILL)
     job.wait()
     deadline = time.monotonic() + 10
-    while not said.exists() and time.monotonic() < deadline:
+    while not (said.is_file() and said.read_text()) and time.monotonic() < deadline:  # created, then written
         time.sleep(0.05)
     assert said.read_text() == "term"  # told to stop, as the trainer is on SIGTERM: it checkpoints and exits
     deadline = time.monotonic() + 10

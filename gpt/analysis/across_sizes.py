@@ -54,18 +54,16 @@ def _by_size(runs: list) -> dict[str, list]:
 def _scale(runs: list) -> dict:
     """One size's N (non-norm parameters, the count train.tokens_per_param multiplies), planned tokens and training
     FLOPs, from the runs' summaries (None where no run recorded them)."""
-    summaries = [r.summary for r in runs if r.summary.get("n_params_outside_norms")]
-    if not summaries:
+    counted = [r for r in runs if r.summary.get("n_params_outside_norms")]
+    if not counted:
         return {"n_params": None, "tokens": None, "flops": None}
-    counts = {s["n_params_outside_norms"] for s in summaries}
+    counts = {r.summary["n_params_outside_norms"] for r in counted}
     if len(counts) > 1:  # the norm types of one size share every parameter outside their norms
         raise UserError(
             f"runs of model.size {runs[0].config[SIZE_KEY]} count different parameters outside their norms "
             f"({', '.join(map(str, sorted(counts)))}): they are not one size; compare runs of one config"
         )
-    s, cfg = summaries[0], runs[0].config
-    tokens = s["total_steps"] * cfg["train.global_batch_size"] * cfg["model.context_length"]
-    flops = s.get("flops_per_token")
+    tokens, flops = counted[0].planned_tokens, counted[0].summary.get("flops_per_token")
     return {"n_params": counts.pop(), "tokens": tokens, "flops": flops * tokens if flops else None}
 
 
@@ -322,10 +320,10 @@ def markdown(result: dict) -> str:
               "|---|---|---|---|---|---|---|"]  # fmt: skip
     for norm, n in result["norms"].items():
         fit = n["fit_n_params"]
-        fitted = dict(zip(fit.get("sizes", []), fit.get("fitted", []))) if "fitted" in fit else {}
+        fitted = dict(zip(fit["sizes"], zip(fit["fitted"], fit["residuals"]))) if "fitted" in fit else {}
         for p in n["points"]:
             f = fitted.get(p["size"])
-            cells = f"{_loss(f)} | {_loss(p['mean'] - f, '+')}" if f is not None else "- | -"
+            cells = f"{_loss(f[0])} | {_loss(f[1], '+')}" if f is not None else "- | -"
             lines.append(f"| {norm} | {p['size']} | {p['group']} | {len(p['losses'])} | {_loss(p['mean'])} | {cells} |")
     lines += [
         "",

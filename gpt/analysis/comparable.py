@@ -124,9 +124,8 @@ def check_comparable(runs: list[Run], lengths: bool = True) -> None:
             ranges.setdefault((e["split"], e["offset"], e["n_tokens"], e["tokenizer"], tokens_evaluated(e)), []).append(
                 r
             )
-        if lengths and r.summary.get("total_steps") is not None:
-            per_step = r.config["train.global_batch_size"] * r.config["model.context_length"]
-            budgets.setdefault((r.summary["total_steps"], r.summary["total_steps"] * per_step), []).append(r)
+        if lengths and r.planned_tokens is not None:
+            budgets.setdefault((r.summary["total_steps"], r.planned_tokens), []).append(r)
     _refuse_mixed(
         "were evaluated on different test tokens",
         ranges,

@@ -61,6 +61,16 @@ class Run:
         return self.summary.get("nonfinite_steps") or 0
 
     @property
+    def planned_tokens(self) -> int | None:
+        """The tokens its run planned to train: its total steps x the tokens of a step (None: no summary yet)."""
+        steps = self.summary.get("total_steps")
+        return (
+            None
+            if steps is None
+            else steps * self.config["train.global_batch_size"] * self.config["model.context_length"]
+        )
+
+    @property
     def fingerprinted(self) -> bool:
         return bool(self.summary.get("segments"))
 

@@ -1,10 +1,10 @@
 """The numbers of a study across model sizes: the loss fitted against size per norm type, with intervals over seeds,
 a prediction at a named size, and the trend of a norm type's gap to the baseline with size.
 
-Every function takes the per-size summaries of one norm type, as arrays over D data sets (a study is D = 1; the
-simulations that test the coverage pass thousands at once): ``x`` the sizes' scales (non-norm parameters N, or
-training FLOPs), ``means`` (D, S) the mean test loss over seeds at each of S sizes, ``var`` (D, S) the variance of
-each mean (sample variance / seeds) and ``df`` (S,) its degrees of freedom (seeds - 1).
+Every function takes one norm type's runs as arrays over D data sets (a study is D = 1; the simulations that test
+the coverage pass thousands at once): ``x`` (S,) the sizes' scales (non-norm parameters N, or training FLOPs) and
+``losses`` (D, K, S) each of K seeds' test loss at each of S sizes, NaN where a seed has no run at a size (the
+trend: ``gaps``, each seed's paired difference to the baseline, the same way).
 
 **Forms.** ``saturating``: ``L(N) = E + A * N^-alpha`` by least squares on the per-size means (each size one
 point, whatever its seeds): for a fixed alpha, E and A are a straight-line fit, so alpha is found by profiling the
@@ -95,10 +95,15 @@ def _saturating(x: np.ndarray, means: np.ndarray) -> dict:
     best = np.nanargmin(np.where(np.isnan(grid), np.inf, grid), 1)
     low, high = ALPHA_GRID[np.maximum(best - 1, 0)], ALPHA_GRID[np.minimum(best + 1, len(ALPHA_GRID) - 1)]
     ratio = (math.sqrt(5) - 1) / 2
-    for _ in range(GOLDEN_STEPS):
-        c, e = high - ratio * (high - low), low + ratio * (high - low)
-        left = rss(c) < rss(e)
+    c, e = high - ratio * (high - low), low + ratio * (high - low)
+    rss_c, rss_e = rss(c), rss(e)
+    for _ in range(GOLDEN_STEPS):  # each step keeps one inner point and its sum of squares: one new evaluation
+        left = rss_c < rss_e  # the minimum lies in [low, e]: e becomes high, c the new e
         high, low = np.where(left, e, high), np.where(left, low, c)
+        new = np.where(left, high - ratio * (high - low), low + ratio * (high - low))
+        rss_new = rss(new)
+        c, e = np.where(left, new, e), np.where(left, c, new)
+        rss_c, rss_e = np.where(left, rss_new, rss_e), np.where(left, rss_c, rss_new)
     alpha = (low + high) / 2
     z = x[None, :] ** -alpha[:, None]
     e, a, _ = _line(z, means)

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     fit = {"predict_at": args.predict_at, "form": args.form, "irreducible": args.irreducible}
     if args.across_sizes and args.results is not None:
         parser.error("--across-sizes reads run directories (their sizes and parameter counts), not --results")
-    if not args.across_sizes and fit != {"predict_at": None, "form": "auto", "irreducible": 0.0}:
+    if not args.across_sizes and any(value != parser.get_default(key) for key, value in fit.items()):
         parser.error("--predict-at, --form and --irreducible fit across sizes: add --across-sizes")
     if args.across_sizes:  # each size compared as below, then the fits across sizes
         from gpt.analysis.across_sizes import compare_sizes as compare

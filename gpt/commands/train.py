@@ -38,7 +38,19 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="start over in a run directory that holds a run (the old one is moved aside)",
     )
-    parser.add_argument("--dry-run", action="store_true", help="build the model, report it and stop")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="build the model, report it and what the run spends besides its training steps "
+        "(validations, checkpoint writes, stats steps), and stop",
+    )
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        metavar="N",
+        help="with --dry-run: the GPUs the overheads are estimated for (default: global_batch_size / "
+        "micro_batch_size, one micro-step each: 8 for GPT-2 small)",
+    )
     parser.add_argument(
         "--find-micro-batch",
         action="store_true",
@@ -59,8 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         from gpt.model.gpt import GPT  # after validation: building the model is the heavy part
         from gpt.model.inventory import model_summary
+        from gpt.speed.overheads import overhead_lines
 
-        print(model_summary(cfg, GPT(cfg.model, seed=cfg.init_seed)))
+        model = GPT(cfg.model, seed=cfg.init_seed)
+        gpus = args.gpus or cfg.train.global_batch_size // cfg.train.micro_batch_size
+        print("\n".join([model_summary(cfg, model), *overhead_lines(cfg, model, gpus)]))
         return 0
     if args.find_micro_batch:
         from gpt.run.distributed import setup

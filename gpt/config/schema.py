@@ -162,10 +162,11 @@ class ModelConfig:
         choices=_NormTypeChoices(),
     )
     norm_compute_dtype: str = opt(
-        "input",
-        "the dtype a norm computes in under autocast: input: its input's (fp32 on the residual stream; bf16 for "
-        "peri's output norms and QK-norm, where hand-rolled norms then take their statistics in bf16 and PyTorch's "
-        "in fp32); float32: every norm computes in fp32 and returns its input's dtype",
+        "float32",
+        "the dtype a norm computes in under autocast: float32: every norm computes in fp32 and returns its input's "
+        "dtype, so hand-rolled and PyTorch norms (which autocast runs in fp32) see the same input; input: its "
+        "input's (bf16 for peri's output norms and QK-norm, where hand-rolled norms then take their statistics in "
+        "bf16). Pre and post without QK-norm read the fp32 residual stream: there the two are the same model",
         choices=NORM_COMPUTE_DTYPES,
     )
     init: str = opt(
@@ -206,17 +207,14 @@ class ModelConfig:
                 )
             if not self.final_norm:
                 fail(("norm_type", "final_norm"), f"final_norm false with norm_type no_norm builds {same}; drop it")
-            if self.norm_compute_dtype != "input" and self.qk_norm == "none":
-                fail(
-                    ("norm_type", "norm_compute_dtype"),
-                    "norm_compute_dtype float32 with norm_type no_norm and no QK-norm computes nothing; drop it",
-                )
 
     @classmethod
     def upgrade(cls, data: dict) -> dict:
         """A model section as written before its keys changed, in today's words with the same meaning:
-        ``qk_norm: true`` was a head-wise QK-norm of model.norm_type, ``false`` none; and with ``size`` (a rung of
-        ``gpt.config.sizes``) its n_layers, d_model and n_heads."""
+        ``qk_norm: true`` was a head-wise QK-norm of model.norm_type, ``false`` none; with ``size`` (a rung of
+        ``gpt.config.sizes``) its n_layers, d_model and n_heads. ``norm_compute_dtype: input`` (the default before
+        float32) where every norm reads the fp32 residual stream (pre or post, no QK-norm) is float32: the same
+        bits, so such runs stay comparable with today's."""
         data = sized(data)  # a named size sets its three keys, whatever the config files gave them
         if isinstance(data.get("qk_norm"), bool):
             data = dict(data)
@@ -225,6 +223,9 @@ class ModelConfig:
                 data.setdefault("qk_norm_type", data.get("norm_type", cls.norm_type))
             else:
                 data["qk_norm"] = "none"
+        moot = data.get("norm_placement", "pre") in ("pre", "post") and data.get("qk_norm", "none") == "none"
+        if moot and data.get("norm_compute_dtype") == "input":
+            data = {**data, "norm_compute_dtype": "float32"}
         return data
 
 
@@ -345,7 +346,12 @@ class TrainConfig:
         True, "read the next step's batches in a background thread while this step runs (into pinned memory on CUDA)"
     )
     eval_every: int = opt(500, "measure the validation loss every this many steps (and at the end)", ge=1)
-    checkpoint_every: int = opt(617, "write a checkpoint every this many steps (and at the end)", ge=1)
+    checkpoint_every: int | None = opt(
+        None,
+        "write a checkpoint every this many steps (and at the end); null: sized to the run, about 10 at "
+        "multiples of eval_every; a new best between checkpoints keeps its weights only",
+        ge=1,
+    )
     keep_last: int = opt(2, "checkpoints kept besides the best one", ge=1)
     max_nonfinite_steps: int = opt(
         25,

@@ -7,8 +7,8 @@ Where the norms sit is ``cfg.norm_placement`` (pre, post or peri; see ``Block``)
 norm ``ln_f`` reads the last block's output is ``cfg.final_norm``, and ``cfg.qk_norm`` (none, head,
 full) adds a norm of ``cfg.qk_norm_type`` over the queries and keys (see ``CausalSelfAttention``).
 Every placement keeps the names ``ln_1``, ``ln_2`` and ``ln_f`` and every non-norm parameter's
-name, so the placement changes no other weight's initial value. ``cfg.norm_compute_dtype`` float32
-makes every norm compute in fp32 under autocast (``normed``).
+name, so the placement changes no other weight's initial value. ``cfg.norm_compute_dtype`` float32 (the
+default) makes every norm compute in fp32 under autocast (``normed``).
 
 Initialisation is explicit and per parameter: after construction, every parameter
 that is not part of a norm layer is drawn again from a generator seeded by
@@ -70,10 +70,11 @@ def qk_norm_of(cfg) -> tuple[str, str]:
 
 
 def normed(norm: nn.Module, x: torch.Tensor, upcast: bool) -> torch.Tensor:
-    """``norm(x)``; with ``upcast`` (model.norm_compute_dtype: float32) computed in float32 and returned in x's
-    dtype. Under autocast a hand-rolled norm otherwise takes its statistics in x's dtype (bf16 for an input
-    that a matmul just wrote) while PyTorch's fused ones compute in fp32: upcasting gives both the same input."""
-    return norm(x.float()).to(x.dtype) if upcast else norm(x)
+    """``norm(x)``; with ``upcast`` (model.norm_compute_dtype: float32, the default) an x in 16 bits is computed in
+    float32 and returned in x's dtype. Under autocast a hand-rolled norm otherwise takes its statistics in x's dtype
+    (bf16 for an input that a matmul just wrote) while autocast runs PyTorch's in fp32: upcasting gives both the
+    same input. An fp32 (or fp64) x, the residual stream's, is left as it is: the same bits either way."""
+    return norm(x.float()).to(x.dtype) if upcast and x.dtype.itemsize < 4 else norm(x)
 
 
 class CausalSelfAttention(nn.Module):

@@ -18,7 +18,8 @@ def model_summary(cfg: Config, model: GPT) -> str:
             f"norm {m.norm_type} ({m.norm_placement}-norm, "
             f"{'' if m.final_norm else 'no final norm, '}"
             f"QK-norm {m.qk_norm + ' ' + m.qk_norm_type if m.qk_norm != 'none' else 'off'}"
-            f"{', norms in fp32' if m.norm_compute_dtype == 'float32' else ''}), init {m.init} (seed {cfg.init_seed})",
+            f"{', norms in their input dtype' if m.norm_compute_dtype == 'input' else ''}), "
+            f"init {m.init} (seed {cfg.init_seed})",
             f"parameters: {n_params:,} ({n_params - outside_norms:,} in norm layers)",
             f"batch: {t.global_batch_size} sequences = {cfg.tokens_per_step:,} tokens per optimizer step "
             f"(micro-batch {t.micro_batch_size}), precision {t.precision}",

@@ -121,7 +121,11 @@ def model_lines(cfg: Config, f: CardFacts) -> list[str]:
         f"- Norm layer: **`{m.norm_type}`** (eps {m.norm_eps:g}), {PLACEMENTS[m.norm_placement]}, "
         + ("and before the head; " if m.final_norm else "none before the head; ")
         + QK_NORM_WORDS[m.qk_norm].format(type=m.qk_norm_type)
-        + ("; every norm computes in fp32." if m.norm_compute_dtype == "float32" else "."),
+        + (
+            "; every norm computes in its input's dtype (bf16 where a matmul wrote it)."
+            if m.norm_compute_dtype == "input"
+            else "."
+        ),
         f"- Training: {_fmt(f.step, ',')} steps of {cfg.tokens_per_step:,} tokens ({_fmt(f.tokens, ',')} tokens), "
         f"AdamW (lr {o.lr:g}, betas {o.beta1:g}/{o.beta2:g}, weight decay {o.weight_decay:g}), "
         f"{o.warmup_frac:.0%} linear warmup then {o.schedule} to {o.min_lr:g}, precision "
@@ -239,7 +243,7 @@ def _variant(cfg: Config) -> str:
     words = [f"{m.norm_placement}-norm"] if m.norm_placement != "pre" else []
     words += [] if m.final_norm else ["no final norm"]
     words += [f"QK-norm ({m.qk_norm}, {m.qk_norm_type})"] if m.qk_norm != "none" else []
-    words += ["norms in fp32"] if m.norm_compute_dtype == "float32" else []
+    words += ["norms in their input dtype"] if m.norm_compute_dtype == "input" else []
     return "".join(f", {w}" for w in words)
 
 

@@ -8,6 +8,11 @@ A checkpoints folder (a run's ``checkpoints/``, see ``gpt.run.directory``) holds
     config.yaml         the resolved config of the run
     checkpoint.json     step, tokens, losses, time: readable without torch
 
+A new best validation between checkpoints keeps the weights only: ``best-00000500/`` holds
+model.safetensors, config.yaml and checkpoint.json (no state.pt: it is evaluated and published,
+never resumed from), written by ``save_best_weights`` from a copy the trainer holds in host
+memory (``host_copy``) until its next checkpoint.
+
 A checkpoint is written into a hidden temporary folder and renamed into place; the
 pointer files ``checkpoints/latest`` and ``checkpoints/best`` (one line: a folder name)
 are replaced atomically afterwards, and old checkpoints are deleted only after that. A
@@ -21,6 +26,7 @@ and stops with the operating system's reason and the last good checkpoint.
 from __future__ import annotations
 
 import json
+import math
 import pickle
 import re
 import shutil
@@ -43,15 +49,29 @@ MODEL_FILE, STATE_FILE, CONFIG_FILE, INFO_FILE = "model.safetensors", "state.pt"
 # torch's own message for such a file advises the unsafe load: it is never repeated
 UNSAFE = "holds objects a safe (weights-only) load refuses, so this trainer did not write it; it is not loaded"
 POINTERS = ("latest", "best")
-STEP_NAME = re.compile(r"step-\d{8}")
+STEP_NAME = re.compile(r"step-\d{8}")  # a whole checkpoint: it resumes
+BEST_NAME = re.compile(r"best-\d{8}")  # a best validation's weights alone (no state.pt)
+CHECKPOINT_NAME = re.compile(r"(?:step|best)-\d{8}")  # what a pointer may name
+
+
+CHECKPOINTS_PER_RUN = 10  # train.checkpoint_every null: a kill loses at most a tenth of the run
+
+
+def checkpoint_interval(total_steps: int, eval_every: int, every: int | None) -> int:
+    """Steps between checkpoints: ``every`` (train.checkpoint_every), or, when null, about a tenth of the run
+    rounded up to a multiple of ``eval_every``, so that every checkpoint follows a validation (a best there is
+    the checkpoint itself). GPT-2 small: 33,157 steps, validation every 500 -> every 3,500: 10 writes."""
+    if every is not None:
+        return every
+    return eval_every * max(1, math.ceil(total_steps / CHECKPOINTS_PER_RUN / eval_every))
 
 
 class CheckpointError(UserError):
     """A checkpoint that is missing, damaged, or does not fit the config; or one that cannot be written."""
 
 
-def checkpoint_name(step: int) -> str:
-    return f"step-{step:08d}"
+def checkpoint_name(step: int, kind: str = "step") -> str:
+    return f"{kind}-{step:08d}"
 
 
 def _write_pointer(root: Path, pointer: str, target: str) -> None:
@@ -68,7 +88,7 @@ def read_pointer(root: Path, pointer: str) -> Path | None:
         name = path.read_text().strip()
     except (UnicodeDecodeError, OSError) as e:
         raise CheckpointError(f"{path}: damaged pointer ({first_line(e)})") from None
-    if not STEP_NAME.fullmatch(name):
+    if not CHECKPOINT_NAME.fullmatch(name):
         raise CheckpointError(f"{path}: damaged pointer ({name[:40]!r} is not a checkpoint name like step-00000617)")
     return Path(root) / name
 
@@ -110,18 +130,39 @@ def save_checkpoint(
     import torch
     from safetensors.torch import save_model
 
+    def fill(tmp: Path) -> None:
+        save_model(model, str(tmp / MODEL_FILE))
+        with open(tmp / STATE_FILE, "wb") as f:  # a file object: torch then keeps the OS error as the cause
+            torch.save(state, f)
+
+    pointers = ("latest", "best") if is_best else ("latest",)
+    return _write(root, checkpoint_name(step), fill, config_yaml, info, pointers, keep_last)
+
+
+def save_best_weights(
+    root: Path, step: int, weights: dict[str, torch.Tensor], *, config_yaml: str, info: dict, keep_last: int
+) -> Path:
+    """Write a best validation's weights alone (``host_copy``'s, taken at step ``step``) as ``best-<step>/``
+    and move ``best`` to it; the best folder it replaces is pruned. Fails as ``save_checkpoint`` does."""
+    from safetensors.torch import save_file
+
+    def fill(tmp: Path) -> None:
+        save_file(weights, str(tmp / MODEL_FILE))
+
+    info = {**info, "weights_only": True}
+    return _write(root, checkpoint_name(step, "best"), fill, config_yaml, info, ("best",), keep_last)
+
+
+def _write(root, name: str, fill, config_yaml: str, info: dict, pointers: tuple[str, ...], keep_last: int) -> Path:
+    """Fill folder ``name`` of ``root`` atomically (``fill`` writes the tensors), point ``pointers`` at it, prune."""
     root = Path(root)
-    name = checkpoint_name(step)
     try:
         with replacing_folder(root / name) as tmp:  # the same step again (a resumed run passing it): swapped whole
-            save_model(model, str(tmp / MODEL_FILE))
-            with open(tmp / STATE_FILE, "wb") as f:  # a file object: torch then keeps the OS error as the cause
-                torch.save(state, f)
+            fill(tmp)
             (tmp / CONFIG_FILE).write_text(config_yaml)
             (tmp / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
-        _write_pointer(root, "latest", name)
-        if is_best:
-            _write_pointer(root, "best", name)
+        for pointer in pointers:
+            _write_pointer(root, pointer, name)
     except WriteError as e:  # a full disk, a file-size limit, a read-only folder: the last good one stands
         try:
             last = read_pointer(root, "latest")
@@ -136,11 +177,30 @@ def save_checkpoint(
     return root / name
 
 
+def host_copy(model: torch.nn.Module, into: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The model's stored tensors (a tied weight once, under the name safetensors keeps: the first in sorted
+    order) copied to host memory, into ``into``'s buffers when given. On CUDA the buffers are pinned and the
+    copies do not wait: synchronize before reading them."""
+    import torch
+
+    state, out = model.state_dict(), into if into is not None else {}
+    for names, _ in stored_tensors(model):
+        name = min(names)
+        t = state[name].detach()
+        if name not in out:
+            out[name] = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+        out[name].copy_(t, non_blocking=True)
+    return out
+
+
 def _prune(root: Path, keep_last: int) -> None:
+    """Remove the checkpoints neither pointed to nor among the last ``keep_last``, and every best folder
+    not pointed to."""
     keep = _pointed(root)
     steps = [p.name for p in step_folders(root)]
     keep |= set(steps[-keep_last:])
-    for name in steps:
+    bests = [p.name for p in root.glob("best-*") if p.is_dir() and BEST_NAME.fullmatch(p.name)]
+    for name in steps + bests:
         if name not in keep:
             shutil.rmtree(root / name, ignore_errors=True)
 
@@ -163,7 +223,7 @@ def tidy(root: Path) -> list[str]:
         if match is None:
             continue
         name, kind = match["name"] or match["name0"], match["kind"] or match["kind0"]
-        if kind == "old" and STEP_NAME.fullmatch(name) and not (root / name).exists() and problem(p) is None:
+        if kind == "old" and CHECKPOINT_NAME.fullmatch(name) and not (root / name).exists() and problem(p) is None:
             p.rename(root / name)
             done.append(f"recovered {name} from {p.name}, left by a writer killed while replacing it")
         else:
@@ -181,6 +241,8 @@ def problem(ckpt: Path) -> str | None:
     ckpt = Path(ckpt)
     if not ckpt.is_dir():
         return "missing"
+    if BEST_NAME.fullmatch(ckpt.name):
+        return f"it holds a best validation's weights alone (no {STATE_FILE}): resume from a step-* checkpoint"
     for name in (MODEL_FILE, STATE_FILE, CONFIG_FILE, INFO_FILE):
         if not (ckpt / name).is_file():
             return f"no {name}"

@@ -4,7 +4,11 @@ Follow a batch: ``TrainBatches.next_step()`` reads this rank's micro-batches of 
 global step from the token file; ``StepEngine.step`` (``gpt.training.step``) runs the
 optimizer step on them. Every ``log_every`` steps, and only then, the loop reads numbers
 back from the device: losses, the norm, divergence counters. Validation, checkpoints and
-the stop-signal check follow.
+the stop-signal check follow. A checkpoint (weights, optimizer, reader: 1.8 GiB at GPT-2 small) is
+written every ``train.checkpoint_every`` steps (null: about ten a run, ``checkpoint_interval``), at
+the end and on a stop; a new best validation between them only copies the weights into host memory,
+written (weights alone, ``best-<step>/``) before the next checkpoint, so every checkpoint's best is
+on the disk and a run writes at most twice as many folders as it has checkpoints.
 
 A ``Trainer`` is used in three stages: ``preflight`` checks everything a user can get
 wrong before anything heavy is built, ``build`` makes the model, optimizer, grad scaler
@@ -32,7 +36,15 @@ from gpt.data.batches import TrainBatches
 from gpt.data.folders import check_vocabulary, open_split, resolve_data_dir
 from gpt.data.tokens import DataError, TokenRange
 from gpt.evaluation.token_loss import evaluate_loss
-from gpt.run.checkpoints import CheckpointError, load_state, load_weights, save_checkpoint
+from gpt.run.checkpoints import (
+    CheckpointError,
+    checkpoint_interval,
+    host_copy,
+    load_state,
+    load_weights,
+    save_best_weights,
+    save_checkpoint,
+)
 from gpt.run.directory import COMPLETED, DIVERGED, INTERRUPTED, RunDir
 from gpt.run.distributed import Dist, device_name, peak_memory, setup
 from gpt.run.fastpath import resolve
@@ -140,9 +152,12 @@ class Trainer:
         self.engine = StepEngine(cfg, dist, self.fast)  # the model, optimizer, grad scaler and the step itself
         self.total_steps: int | None = None  # the run's planned optimizer steps
         self.warmup: int | None = None  # of those, warmup steps
+        self.checkpoint_every: int | None = None  # train.checkpoint_every, or sized to the run
         # start
         self.watch: Watchers | None = None  # the loop's sinks and monitors
         self.last_checkpoint: Path | None = None  # rank 0: the newest checkpoint written
+        self.held: dict[str, torch.Tensor] | None = None  # rank 0: a best's weights in host memory (buffers reused)
+        self.held_info: dict | None = None  # its checkpoint.json while it is not written yet; None: nothing held
         self.probe: StatsProbe | None = None  # rank 0, log.stats_every > 0: what each norm does inside the model
         self.warning: EarlyWarning | None = None  # rank 0: says when the probe's statistics run away
 
@@ -196,6 +211,7 @@ class Trainer:
         self.total_steps = cfg.total_steps(model.num_params(norms=False))
         self.progress.total_steps = self.total_steps
         self.warmup = warmup_steps(self.total_steps, cfg.optim.warmup_frac)
+        self.checkpoint_every = checkpoint_interval(self.total_steps, cfg.train.eval_every, cfg.train.checkpoint_every)
         if self.warmup >= self.total_steps > 1:
             raise UserError(
                 f"optim.warmup_frac {cfg.optim.warmup_frac:g} of {self.total_steps:,} steps is "
@@ -292,6 +308,8 @@ class Trainer:
         with StopFlag() as stop:
             self.start()
             status, reason = self.loop(stop)
+            if status == DIVERGED:  # the best weights before it diverged are kept, as at any checkpoint
+                self.write_held_best(keep_going=True)
             return self.finish(status, reason, stop)
 
     def loop(self, stop: StopFlag) -> tuple[str, str | None]:
@@ -329,7 +347,7 @@ class Trainer:
                 self.log(record)
                 if save or is_best:
                     try:
-                        self.checkpoint(is_best)
+                        self.checkpoint(is_best, full=save)
                     except CheckpointError as e:  # a full disk, say: stop, keeping the last good one
                         status, reason = INTERRUPTED, str(e)
                         break
@@ -380,7 +398,7 @@ class Trainer:
         return step % self.cfg.train.eval_every == 0 or step == self.total_steps
 
     def should_checkpoint(self, step: int) -> bool:
-        return step % self.cfg.train.checkpoint_every == 0 or step == self.total_steps
+        return step % self.checkpoint_every == 0 or step == self.total_steps
 
     def log_record(self, lr: float, loss_sum: torch.Tensor, grad_norm: torch.Tensor) -> dict:
         """The metrics of a log step (reading them waits for the device; other steps never do).
@@ -454,27 +472,28 @@ class Trainer:
 
     # ------------------------------------------------------- checkpoints, the end
 
-    def checkpoint(self, is_best: bool) -> Path | None:
-        """Save a checkpoint of this step (rank 0 writes, every rank takes part); redraw the charts.
-        A write that fails raises CheckpointError on every rank."""
-        state, p = self.state_dict(), self.progress
+    def checkpoint(self, is_best: bool, full: bool = True) -> Path | None:
+        """Save a checkpoint of this step (rank 0 writes, every rank takes part); redraw the charts. A write that
+        fails raises CheckpointError on every rank. ``full`` False (a new best between checkpoints): rank 0 only
+        copies the weights into host memory, written before the next checkpoint (``write_held_best``)."""
+        if not full:
+            if self.dist.is_main:
+                self.held = host_copy(self.engine.model, self.held)  # no wait: the write synchronizes
+                self.held_info = self.info(self.progress.elapsed + self.watch.throughput.seconds())
+            return None
+        state = self.state_dict()
 
         def save() -> Path:
-            info = {
-                "step": p.step,
-                "tokens": p.tokens,
-                "val_loss": p.last_val,
-                "best_val_loss": p.best_val_loss,
-                "elapsed_seconds": state["progress"]["elapsed"],
-                "segments": self.ledger.segments,
-            }
+            if is_best:
+                self.held_info = None  # this checkpoint is the best: the one held is superseded
+            self.write_held_best()
             path = save_checkpoint(
                 self.run.checkpoints,
-                p.step,
+                self.progress.step,
                 self.engine.model,
                 state=state,
                 config_yaml=self.ledger.config_yaml,
-                info=info,
+                info=self.info(state["progress"]["elapsed"]),
                 keep_last=self.cfg.train.keep_last,
                 is_best=is_best,
             )
@@ -484,6 +503,39 @@ class Trainer:
             return path
 
         return self.dist.on_main(save)
+
+    def info(self, elapsed: float) -> dict:
+        """A checkpoint's checkpoint.json at this step."""
+        p = self.progress
+        return {
+            "step": p.step,
+            "tokens": p.tokens,
+            "val_loss": p.last_val,
+            "best_val_loss": p.best_val_loss,
+            "elapsed_seconds": elapsed,
+            "segments": self.ledger.segments,
+        }
+
+    def write_held_best(self, keep_going: bool = False) -> None:
+        """Rank 0: write the best weights held in host memory, if any (``keep_going``: a failed write is said
+        in one line rather than raised)."""
+        if self.held_info is None:
+            return
+        self.dist.synchronize()  # the host copy is complete
+        try:
+            save_best_weights(
+                self.run.checkpoints,
+                self.held_info["step"],
+                self.held,
+                config_yaml=self.ledger.config_yaml,
+                info=self.held_info,
+                keep_last=self.cfg.train.keep_last,
+            )
+        except CheckpointError as e:
+            if not keep_going:
+                raise
+            self.watch.bar.write(f"warning: the best weights were not kept: {e}", file=sys.stderr)
+        self.held_info = None
 
     def token_ranges(self) -> dict:
         """The tokens the run reads for training and validation, as the evaluator checks them."""

@@ -243,8 +243,10 @@ BEFORE_KEYS += ["ln_f.weight", "ln_f.bias", "lm_head.weight"]
 
 def test_the_default_is_pre_norm_without_qk_norm_bitwise_as_before(tiny_model_cfg):
     cfg = tiny_model_cfg()
-    assert {k: getattr(cfg, k) for k in NORM_LAYOUT} == NORM_LAYOUT
-    assert (cfg.norm_placement, cfg.final_norm, cfg.qk_norm, cfg.norm_compute_dtype) == ("pre", True, "none", "input")
+    # norms compute in fp32 now (NORM_LAYOUT's input was the default before): pre-norm reads the fp32 residual stream,
+    # so the model is the same to the bit (below)
+    assert {k: getattr(cfg, k) for k in NORM_LAYOUT} == {**NORM_LAYOUT, "norm_compute_dtype": "float32"}
+    assert (cfg.norm_placement, cfg.final_norm, cfg.qk_norm, cfg.norm_compute_dtype) == ("pre", True, "none", "float32")
     model = jitter_norms(GPT(cfg, seed=11).eval())
     assert list(model.state_dict()) == BEFORE_KEYS
     # a config without the fields (as every config was) builds the same model, to the bit
@@ -276,8 +278,8 @@ def test_the_dry_run_names_placement_and_qk_norm(tmp_path):
         # as written before qk_norm_type: a head-wise norm of the norm type, what it built then
         (["model.qk_norm=true", "model.norm_type=dyt"], "(pre-norm, QK-norm head dyt)"),
         (
-            ["model.final_norm=false", "model.norm_compute_dtype=float32"],
-            "(pre-norm, no final norm, QK-norm off, norms in fp32)",
+            ["model.final_norm=false", "model.norm_placement=peri", "model.norm_compute_dtype=input"],
+            "(peri-norm, no final norm, QK-norm off, norms in their input dtype)",
         ),
     ):
         cfg = load_config(CONFIGS / "tiny.yaml", [f"run.dir={tmp_path / 'run'}", "train.steps=7", *overrides])
@@ -391,7 +393,7 @@ def test_a_published_model_carries_its_placement_in_config_and_card_and_reloads(
     config = json.loads((folder / "config.json").read_text())
     assert {k: config[k] for k in NORM_LAYOUT} == {
         "norm_placement": "peri", "final_norm": False, "qk_norm": "head", "qk_norm_type": "handrolled_layernorm",
-        "norm_compute_dtype": "input",
+        "norm_compute_dtype": "float32",
     }  # fmt: skip
     assert hub_config(cfg, Layout.REMOTE_CODE)["norm_placement"] == "peri"
     card = (folder / "README.md").read_text()
@@ -443,16 +445,11 @@ def test_weight_conversion_to_gpt2_refuses_what_gpt2_cannot_compute(tiny_model_c
             ["model.qk_norm=head", "model.qk_norm_type=no_norm"],
             "model.qk_norm_type: qk_norm_type no_norm builds no QK-norm; set model.qk_norm: none",
         ),
-        (
-            ["model.norm_type=no_norm", "model.norm_compute_dtype=float32"],
-            "model.norm_compute_dtype: norm_compute_dtype float32 with norm_type no_norm and no QK-norm computes "
-            "nothing; drop it",
-        ),
         (["model.qk_norm=both"], "model.qk_norm: 'both' is not one of: none, head, full"),
     ],
 )
 def test_settings_that_cannot_change_the_model_are_refused_in_one_line(overrides, message):
-    """Six labels, one model: no_norm under post, peri, without a final norm or in fp32, or a QK-norm of no_norm,
+    """Five labels, one model: no_norm under post, peri, without a final norm, or a QK-norm of no_norm,
     would train the same model under another name (a sweep would compare it with itself)."""
     with pytest.raises(ConfigError) as refused:
         load_config(CONFIGS / "tiny.yaml", overrides)
@@ -501,3 +498,21 @@ def test_norm_compute_dtype_float32_removes_the_hand_rolled_vs_fused_difference_
     bf16_inputs = placement == "peri" or qk_norm != "none"
     for (dtype, _), share in differ.items():
         assert (share > 0.2) if (bf16_inputs and dtype == "input") else (share < 0.01), differ
+
+
+def test_norms_compute_in_fp32_by_default_and_input_where_it_builds_the_same_model_reads_as_fp32():
+    """``norm_compute_dtype: input`` was the default: where every norm reads the fp32 residual stream (pre or post,
+    no QK-norm) it builds the float32 model to the bit, so such a config (an earlier run's) reads as float32 and
+    stays comparable with today's runs; where a norm reads a bf16 sublayer output it keeps its meaning."""
+    read = lambda *o: load_config(CONFIGS / "tiny.yaml", list(o)).model.norm_compute_dtype  # noqa: E731
+    assert read() == "float32"
+    for placement in ("pre", "post"):
+        assert read(f"model.norm_placement={placement}", "model.norm_compute_dtype=input") == "float32"
+    assert read("model.norm_placement=peri", "model.norm_compute_dtype=input") == "input"
+    assert read("model.qk_norm=head", "model.norm_compute_dtype=input") == "input"
+    assert read("model.norm_type=no_norm", "model.norm_compute_dtype=input") == "float32"  # one no_norm model
+    cfg = load_config(CONFIGS / "tiny.yaml", ["model.norm_type=handrolled_layernorm"]).model
+    idx = torch.randint(0, cfg.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+        a, b = (GPT(replace(cfg, norm_compute_dtype=d), seed=1)(idx)[0] for d in ("input", "float32"))
+    assert torch.equal(a, b)

@@ -71,6 +71,9 @@ def own_addresses() -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
+MEET_S = 60  # how long the ranks that ended well wait at the end for a peer (one that failed alone: gone)
+
+
 @dataclass
 class Dist:
     """This process's place in the job, and the collectives the harness uses."""
@@ -81,6 +84,7 @@ class Dist:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # where this rank computes
     control: object = None  # gloo group for CPU flags (None: one process)
     peers: list[Peer] = field(default_factory=list)  # every rank's place, in rank order (empty: one process)
+    met: bool = False  # the ranks met at the end of their work (``meet``): leaving needs no meeting again
 
     @property
     def is_main(self) -> bool:
@@ -142,18 +146,27 @@ class Dist:
             t = t.pin_memory()
         return t.to(self.device, non_blocking=True)
 
+    def meet(self) -> None:
+        """Every rank waits for the others, at the end of work that ended well: after it no rank is in a
+        collective, so each may tear its group down whenever it leaves. The trainer meets before rank 0 waits
+        for its uploads (as long as they take), so the others never wait for those; ``close`` meets otherwise.
+        A peer that failed alone is waited for ``MEET_S`` at most (it says why itself)."""
+        if self.enabled and not self.met:
+            with contextlib.suppress(RuntimeError):
+                dist.monitored_barrier(group=self.control, timeout=timedelta(seconds=MEET_S))
+        self.met = True
+
     def close(self) -> None:
-        """Leave the process group. On the way out of work that ended well, the ranks meet first: a rank that
-        tears its group down (rank 0: its store too) while a peer is still in a collective can die in gloo's
-        teardown (SIGABRT, "terminate called without an active exception"). On the way out of a failure
-        they do not meet (a peer may be gone); a peer that failed alone is waited for 60 s at most. Then the
-        group is let go of: ``control`` (the default group itself on the CPU) would keep it, its gloo threads and
-        rank 0's store alive into the interpreter's exit, whose teardown of them aborted about one run in 100."""
+        """Leave the process group. On the way out of work that ended well, the ranks meet first (``meet``,
+        unless they have): a rank that tears its group down (rank 0: its store too) while a peer is still in a
+        collective can die in gloo's teardown (SIGABRT, "terminate called without an active exception"). On the
+        way out of a failure they do not meet (a peer may be gone). Then the group is let go of: ``control``
+        (the default group itself on the CPU) would keep it, its gloo threads and rank 0's store alive into the
+        interpreter's exit, whose teardown of them aborted about one run in 100."""
         if not (dist.is_available() and dist.is_initialized()):
             return
-        if self.enabled and sys.exc_info()[1] is None:
-            with contextlib.suppress(RuntimeError):  # a peer that failed alone: leave anyway, it says why itself
-                dist.monitored_barrier(group=self.control, timeout=timedelta(seconds=60))
+        if sys.exc_info()[1] is None:
+            self.meet()
         dist.destroy_process_group()
         self.control = None
 

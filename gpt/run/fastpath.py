@@ -45,21 +45,16 @@ def resolve(train, device: torch.device) -> FastPath:
 
 
 def apply_tf32(enabled: bool) -> None:
-    """Let CUDA fp32 matmuls and convolutions use TF32 (or not). Process-wide, as torch has it.
+    """Let CUDA fp32 matmuls use TF32 (or not). Process-wide, as torch has it.
 
-    Through one API only: ``fp32_precision`` from torch 2.9 on (``allow_tf32`` before). Once it is
-    set, torch's legacy readers (``allow_tf32``, ``get_float32_matmul_precision()``) raise, and
-    ``torch.compile``'s max-autotune mode calls them; so the trainer compiles in the default mode
-    (tested), and nothing here sets TF32 any other way."""
-    mode = "tf32" if enabled else "ieee"
-    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch >= 2.9
-        torch.backends.cuda.matmul.fp32_precision = mode
-        torch.backends.cudnn.conv.fp32_precision = mode
-    else:
-        torch.backends.cuda.matmul.allow_tf32 = enabled
-        torch.backends.cudnn.allow_tf32 = enabled
+    Through ``torch.set_float32_matmul_precision`` ("high": TF32, "highest": IEEE), which sets torch's new
+    ``fp32_precision`` and its legacy flags together, so both stay readable: once ``fp32_precision`` is set
+    directly, the legacy readers (``allow_tf32``, ``get_float32_matmul_precision()``) raise, and inductor's
+    autotuning of a bmm calls them (tested). The model has no convolution, so cuDNN's flag is left alone."""
+    torch.set_float32_matmul_precision("high" if enabled else "highest")
 
 
+MATMUL_PRECISION = {"tf32": "high", "ieee": "highest"}  # cuda.matmul's fp32_precision -> set_float32_matmul_precision
 FP32_BACKENDS = ("cuda.matmul", "cudnn.conv", "mkldnn.matmul", "mkldnn.conv")  # where an fp32 op may run reduced
 
 
@@ -85,7 +80,9 @@ def set_fp32_precision(modes: dict[str, str]) -> None:
     """Set how backends compute fp32 matmuls and convolutions (``fp32_precision()``'s form; on torch < 2.9 the
     legacy flags, where only ``tf32`` or not counts)."""
     for name, mode in modes.items():
-        if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        if name == "cuda.matmul" and mode in MATMUL_PRECISION:  # as apply_tf32: the legacy readers stay usable
+            torch.set_float32_matmul_precision(MATMUL_PRECISION[mode])
+        elif hasattr(torch.backends.cuda.matmul, "fp32_precision"):
             _backend(name).fp32_precision = mode
         else:
             (torch.backends.cuda.matmul if name == "cuda.matmul" else torch.backends.cudnn).allow_tf32 = mode == "tf32"

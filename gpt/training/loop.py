@@ -333,9 +333,9 @@ class Trainer:
                     break
             stopping = self.dist.any_flag(stop.requested)  # every step: training time, not a pause
             evaluate, save = self.should_evaluate(p.step), self.should_checkpoint(p.step) or stopping
-            record = self.log_record(lr, loss_sum, grad_norm) if self.should_log(p.step) else None
+            record, counts = self.log_record(lr, loss_sum, grad_norm) if self.should_log(p.step) else (None, None)
             # wherever the loop waits for the device anyway, it also reads the divergence counters
-            reason = self.check_divergence(record) if record is not None or evaluate or save else None
+            reason = self.check_divergence(record, counts) if record is not None or evaluate or save else None
             if reason:
                 status = DIVERGED  # keep the last good checkpoint: nothing is saved from a diverged run
                 self.log(record)
@@ -400,34 +400,40 @@ class Trainer:
     def should_checkpoint(self, step: int) -> bool:
         return step % self.checkpoint_every == 0 or step == self.total_steps
 
-    def log_record(self, lr: float, loss_sum: torch.Tensor, grad_norm: torch.Tensor) -> dict:
-        """The metrics of a log step (reading them waits for the device; other steps never do).
+    def log_record(self, lr: float, loss_sum: torch.Tensor, grad_norm: torch.Tensor) -> tuple[dict, list[float]]:
+        """The metrics of a log step, and the divergence counters read with them (``Divergence.on_device``):
+        one all-reduce and one read back, a log step's only wait for the device (other steps never wait).
 
         ``train_loss`` is the mean over the steps since the last log, ``train_loss_last`` the
         log step's own."""
-        p, dist = self.progress, self.dist
-        last = (dist.all_sum(loss_sum) / (self.reader.accum * dist.world_size)).item()
-        mean_loss = self.watch.window.take(dist.all_sum)
+        p, dist, w = self.progress, self.dist, self.watch
+        summed = dist.all_sum(torch.cat([loss_sum.float().reshape(1), w.window.sums]))  # this step's, the window's
+        read = torch.cat([summed.double(), grad_norm.double().reshape(1), w.divergence.on_device().double()]).tolist()
+        step_sum, window, norm, counts = read[0], read[1:3], read[3], read[4:]
+        last = step_sum / (self.reader.accum * dist.world_size)
+        mean_loss = w.window.take(window)
         rate = self.watch.throughput.since_last_log(p.step)
         self.last_train_loss = mean_loss
         self.watch.bar.set_postfix(
             loss=f"{mean_loss:.4f}", tok_s="-" if rate is None else f"{rate:,.0f}", refresh=False
         )
-        return {
+        record = {
             "step": p.step,
             "tokens": p.tokens,
             "train_loss": mean_loss,
             "train_loss_last": last,
             "lr": lr,
-            "grad_norm": float(grad_norm),
+            "grad_norm": norm,
             "tokens_per_s": rate,
             "elapsed_s": p.elapsed + self.watch.throughput.seconds(),
         }
+        return record, counts
 
-    def check_divergence(self, record: dict | None) -> str | None:
-        """Read the divergence counters into the progress (and ``record``); why the run diverged, or None."""
+    def check_divergence(self, record: dict | None, counts: list[float] | None = None) -> str | None:
+        """Read the divergence counters (``counts``: a log step read them already) into the progress (and
+        ``record``); why the run diverged, or None."""
         p = self.progress
-        p.nonfinite_total, p.nonfinite_run, crossed_at = self.watch.divergence.counts()
+        p.nonfinite_total, p.nonfinite_run, crossed_at = self.watch.divergence.counts(counts)
         if record is not None:
             record["nonfinite_steps"] = p.nonfinite_total
         verdict = self.watch.divergence.reason(crossed_at, p.step, record["train_loss"] if record else None)
@@ -582,6 +588,7 @@ class Trainer:
         came), writes summary.json and the final charts, and says in one line how the run ended."""
         self.watch.bar.close()
         summary = self.summary(status, reason)
+        self.dist.meet()  # the last collective: rank 0's wait for its uploads below holds no other rank
         if self.dist.is_main:
             final = self.last_checkpoint if status == COMPLETED else None
             problems = [hook.finished(status, final, summary, stop) for hook in self.hooks]

@@ -122,10 +122,15 @@ class Divergence:
         crossed = (self.crossed_at < 0) & (self.consecutive >= self.max_nonfinite)
         self.crossed_at = torch.where(crossed, self.step, self.crossed_at)
 
-    def counts(self) -> tuple[int, int, int | None]:
-        """(total, consecutive, the step a streak crossed the threshold or None): reading waits for the device."""
-        crossed_at = int(self.crossed_at)
-        return int(self.total), int(self.consecutive), (crossed_at if crossed_at >= 0 else None)
+    def on_device(self) -> torch.Tensor:
+        """(total, consecutive, crossed_at) stacked on the device, to be read with a log step's other numbers."""
+        return torch.stack([self.total, self.consecutive, self.crossed_at])
+
+    def counts(self, read: list[float] | None = None) -> tuple[int, int, int | None]:
+        """(total, consecutive, the step a streak crossed the threshold or None). ``read``: ``on_device()`` as a
+        log step read it back; else read now (one wait for the device)."""
+        total, consecutive, crossed_at = (int(v) for v in (read if read is not None else self.on_device().tolist()))
+        return total, consecutive, (crossed_at if crossed_at >= 0 else None)
 
     def reason(self, crossed_at: int | None, step: int, train_loss: float | None) -> tuple[str, int] | None:
         """(why, at which step) the run counts as diverged, or None. ``train_loss`` (a log step's) is
@@ -161,9 +166,10 @@ class LossWindow:
         finite = torch.isfinite(loss_sum)
         self.sums += torch.stack([torch.where(finite, loss_sum, 0.0), finite * float(n_micro)])
 
-    def take(self, all_sum) -> float:
-        """The window's mean over every rank (``all_sum`` adds across ranks), then start a new window."""
-        total, count = all_sum(self.sums).tolist()
+    def take(self, totals: list[float]) -> float:
+        """The window's mean from ``totals``, its sums over every rank as a log step read them back, then start
+        a new window."""
+        total, count = totals
         self.sums.zero_()
         return total / count if count else math.nan
 

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import CONFIGS
 
 from gpt.config import load_config
@@ -219,3 +220,29 @@ def test_the_loss_is_float32_cross_entropy_whatever_the_logits_dtype():
         assert not torch.is_autocast_enabled("cpu")  # fp32: no autocast at all
     with autocast_for("bf16", torch.device("cpu"))():
         assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
+def test_the_loss_is_one_chunk_under_compile_and_chunked_eagerly(monkeypatch):
+    """Eagerly TokenLoss takes CHUNK_ELEMENTS logits at a time (its float32 copy bounded); traced by torch.compile
+    it is one chunk: inductor fuses the upcast, and chunks would be unrolled into the graph. The same losses."""
+    from gpt.model import loss
+
+    monkeypatch.setattr(loss, "CHUNK_ELEMENTS", 4 * 11)  # 4 rows of 11 logits a chunk: 3 chunks of 12 rows
+    g = torch.Generator().manual_seed(0)
+    logits, targets = torch.randn(12, 11, generator=g, requires_grad=True), torch.randint(0, 11, (12,), generator=g)
+    graphs = []
+
+    def count(gm, example_inputs):  # a torch.compile backend: how many log-softmaxes the traced graph holds
+        graphs.append(  # the autograd.Function's forward and backward are subgraphs
+            sum("log_softmax" in str(n.target) for m in gm.modules() if hasattr(m, "graph") for n in m.graph.nodes)
+        )
+        return gm.forward
+
+    def per_token(x, t):
+        return loss.TokenLoss.apply(x, t)
+
+    eager = per_token(logits, targets)
+    torch._dynamo.reset()
+    compiled = torch.compile(per_token, backend=count, fullgraph=True)(logits, targets)
+    assert len(loss._chunks(logits)) == 3 and graphs == [1]
+    assert torch.allclose(compiled, eager) and torch.allclose(eager, F.cross_entropy(logits, targets, reduction="none"))

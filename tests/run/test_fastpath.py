@@ -192,10 +192,11 @@ def test_validation_scores_its_full_batches_through_the_compiled_model(train_yam
 
 
 def test_tf32_is_set_through_one_api_and_compile_never_autotunes(train_yaml, monkeypatch):
-    # after torch >= 2.9's fp32_precision is set, its legacy readers (allow_tf32,
-    # get_float32_matmul_precision) raise, and max-autotune calls them: the trainer compiles in the default mode
+    # TF32 goes through set_float32_matmul_precision, which keeps torch's legacy readers (allow_tf32,
+    # get_float32_matmul_precision) usable: set through fp32_precision alone they raise, and inductor's bmm
+    # autotuning calls them. The trainer compiles in the default mode besides.
     from gpt.run.distributed import Dist
-    from gpt.run.fastpath import apply_tf32
+    from gpt.run.fastpath import apply_tf32, fp32_precision, ieee_fp32, set_fp32_precision
     from gpt.training.loop import Trainer
 
     calls = []
@@ -206,13 +207,16 @@ def test_tf32_is_set_through_one_api_and_compile_never_autotunes(train_yaml, mon
     trainer.engine.prepare()
     trainer.release()
     assert calls == [{}, {}]  # the step's and validation's torch.compile(model): default mode, no max-autotune
-    matmul = torch.backends.cuda.matmul
-    if hasattr(matmul, "fp32_precision"):  # torch >= 2.9: the new API alone
-        before, conv_before = matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision
-        try:
-            apply_tf32(True)
-            assert matmul.fp32_precision == "tf32" and torch.backends.cudnn.conv.fp32_precision == "tf32"
-            apply_tf32(False)
-            assert matmul.fp32_precision == "ieee"
-        finally:
-            matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = before, conv_before
+    matmul, before = torch.backends.cuda.matmul, fp32_precision()
+    try:
+        apply_tf32(True)
+        assert matmul.fp32_precision == "tf32"
+        assert matmul.allow_tf32 is True and torch.get_float32_matmul_precision() == "high"  # readable, not raising
+        with ieee_fp32():  # an evaluation inside a training process
+            assert matmul.fp32_precision == "ieee" and matmul.allow_tf32 is False
+        assert matmul.fp32_precision == "tf32" and torch.get_float32_matmul_precision() == "high"
+        apply_tf32(False)
+        assert matmul.fp32_precision == "ieee" and matmul.allow_tf32 is False
+        assert torch.get_float32_matmul_precision() == "highest"
+    finally:
+        set_fp32_precision(before)

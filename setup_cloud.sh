@@ -136,7 +136,7 @@ case "$DATA" in
 esac
 
 if [ "$GPUS" -gt 0 ]; then
-    echo "check:  bash scripts/gpu_check.sh gpu-check/   (CUDA tests and the benchmark, about 7 minutes)"
+    echo "check:  bash scripts/gpu_check.sh gpu-check/   (the benchmark compiled and not, the CUDA tests: 8 minutes)"
     echo "train:  .venv/bin/torchrun --nproc_per_node=$GPUS train.py $CONFIG$EXTRA"
 else
     echo "train:  $PY train.py configs/tiny.yaml   (a CPU-sized model; the GPT-2 small configs need GPUs)"

@@ -1,28 +1,32 @@
 #!/usr/bin/env bash
-# The GPU check: on a machine with a CUDA GPU (no network needed), the CUDA tests and the benchmark,
-# budgeted so that a full check and a --quick rerun fit one 15-minute loan of the machine (its start
-# included; one call at most 600 s), keeping every row it measured whenever it stops.
+# The GPU check: on a machine with a CUDA GPU (no network needed), GPT-2 small's benchmark with compile
+# off and on and the CUDA tests, budgeted so that a full check fits one call and one 15-minute loan of the
+# machine (its start included; one call at most 600 s), keeping every row it measured whenever it stops.
 #
-#   bash scripts/gpu_check.sh OUTDIR [--budget-s 400] [--stages norms,eager,tests,compiled,micro_batch] [--quick]
+#   bash scripts/gpu_check.sh OUTDIR [--budget-s 480] [--stages eager,compiled,tests,...] [--quick]
 #                            [--cache-dir DIR]
+#   bash scripts/gpu_check.sh OUTDIR [--quick] --plan          # the plan only: no GPU needed, nothing run
 #   PYTHON=/path/to/python bash scripts/gpu_check.sh OUTDIR     # choose the interpreter
 #   bash scripts/gpu_check.sh --help
 #
 # The interpreter: $PYTHON, else the checkout's .venv/bin/python (what setup_cloud.sh makes), else
 # python3; its own torch is used (no scripts/setup.sh; the package is imported from this checkout),
-# and only data the check makes itself. Stages, cheapest first, each under a time limit sized from
-# what is left (the plan is printed first): the norm layers alone, GPT-2 small eager (every norm
-# type), tests/speed/test_cuda.py, GPT-2 small compiled (the two LayerNorms first), the micro-batch
-# search; all compile into one cache (--cache-dir, default ~/.cache/gpt-harness/compile) that a
-# rerun reuses. --quick: the correctness tests and the two LayerNorms, in 3 minutes. OUTDIR gets
-# summary.txt (rewritten as each row lands and after every stage), rows.jsonl (one line per
+# and only data the check makes itself. Stages, each under a time limit sized from what is left (the
+# plan, with each stage's expected seconds, is printed first): GPT-2 small eager (the two LayerNorms
+# first, then every norm type), GPT-2 small compiled (the two LayerNorms: two cold compiles, given their
+# time even when every stage before runs to its cap), tests/speed/test_cuda.py, then on time left over
+# the norm layers alone, the micro-batch search and the other norm types compiled. All compile into one
+# cache in the checkout (--cache-dir, default .cache/compile, git-ignored) that a rerun on the same
+# machine reuses. --quick: one eager and one compiled row of PyTorch's LayerNorm and the correctness
+# tests, in 220 s. The full check's 480 s: 240 s start + 480 s + ~25 s outside = 745 s of a 900 s loan.
+# OUTDIR gets summary.txt (rewritten as each row lands and after every stage), rows.jsonl (one line per
 # benchmark row, as it is measured) and three logs: see `python -m gpt.commands.gpu_check --help`.
 # Exit status: 0 when nothing failed, 1 otherwise (and when no GPU is visible), 2 for a usage
 # mistake; stopped by SIGTERM or SIGINT, 143 or 130, within 10 s, the running stage's processes ended.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 SELF="scripts/${0##*/}"
-USAGE="usage: bash $SELF OUTDIR [--budget-s S] [--stages LIST] [--quick] [--cache-dir DIR] (--help: more)"
+USAGE="usage: bash $SELF OUTDIR [--budget-s S] [--stages LIST] [--quick] [--cache-dir DIR] [--plan] (--help: more)"
 if [[ -n "${PYTHON:-}" ]]; then
     PY=$PYTHON
 elif [[ -x .venv/bin/python ]]; then
@@ -50,7 +54,11 @@ if [[ -z $OUT || $OUT == -* ]]; then
 fi
 shift
 
-if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
+plan_only=0
+for arg in "$@"; do
+    [[ $arg == --plan ]] && plan_only=1
+done
+if ((!plan_only)) && ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
     version=$("$PY" -c "import torch; print('torch ' + torch.__version__)" 2>/dev/null || echo "no torch")
     echo "gpu_check: no CUDA GPU is visible to $PY ($version); run it on a machine with one" >&2
     exit 1

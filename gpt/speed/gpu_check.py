@@ -1,51 +1,77 @@
 """The GPU check: the CUDA tests and the benchmark, budgeted to fit one short loan of a GPU.
 
-    bash scripts/gpu_check.sh OUTDIR [--budget-s 400] [--stages norms,eager,tests,compiled,micro_batch] [--quick]
-                             [--cache-dir DIR]
+    bash scripts/gpu_check.sh OUTDIR [--budget-s 480] [--stages eager,compiled,tests,...] [--quick] [--cache-dir DIR]
+    bash scripts/gpu_check.sh OUTDIR [--quick] --plan      # the plan only: no GPU needed, nothing run
     python -m gpt.commands.gpu_check OUTDIR --tests tests/speed/test_cuda.py --config configs/gpt2-small.yaml [...]
 
 The script checks that a GPU is visible, then runs this command with the checkout's test
-file and config. Stages run cheapest first, each under its own time limit sized from what
-is left of the budget (``gpt.speed.stages``); one that would not fit is skipped, and the summary
-says with how much time:
+file and config. Stages run in this order, each under its own time limit sized from what is
+left of the budget (``gpt.speed.stages``): the write-up's question first (compile off and on
+for the two LayerNorms), then the tests, then the optional stages (*), on whatever time is
+left over. One that would not fit is skipped, and the summary says with how much time:
 
-    norms        each norm layer alone, eager and compiled (the norm-only benchmark)
-    eager        GPT-2 small in bf16 on random tokens, every norm type, compile off
-    tests        the CUDA tests: bf16 / fp16 training, every fast-path option, exact resume, no
-                 waiting for the GPU between log steps, flash attention, NCCL DDP (2 GPUs), the
-                 micro-batch search, the benchmark
-    compiled     GPT-2 small compiled: PyTorch and hand-rolled LayerNorm first (the write-up's
-                 question), then the other norm types while time remains
-    micro_batch  the largest micro-batch of GPT-2 small on this GPU
+    eager           GPT-2 small in bf16 on random tokens, compile off: PyTorch and hand-rolled
+                    LayerNorm, then the other norm types
+    compiled        GPT-2 small compiled: PyTorch and hand-rolled LayerNorm
+    tests           the CUDA tests: bf16 / fp16 training, every fast-path option, exact resume, no
+                    waiting for the GPU between log steps, flash attention, the norms' precision under
+                    autocast, NCCL DDP (2 GPUs), the
+                    micro-batch search, the benchmark, one compiled GPT-2 small row in its time
+    norms*          each norm layer alone, eager and compiled (the norm-only benchmark)
+    micro_batch*    the largest micro-batch of GPT-2 small on this GPU
+    compiled_rest*  GPT-2 small compiled: the other norm types
+
+``--quick``: one eager and one compiled row of PyTorch's LayerNorm, then the tests that prove
+correctness on CUDA (bf16 and fp16 steps, exact resume with the fast path, flash attention, the
+norms' precision under autocast).
+
+Each stage's seconds, min / cap (expected; --quick's in brackets): eager 25 / 70 (62) [18 / 25
+(18)], compiled 203 / none (203) [107 / none (107)], tests 180 / 300 (217) [60 / 90 (30)],
+norms 20 / 45 (45), micro_batch 30 / 60 (58), compiled_rest 107 / none (492). The expected
+seconds are an estimate for GPT-2 small in bf16 on one H100, at the slow end of what is known:
+a stage's process starts in 10 s (Python, torch, the CUDA context); a step row builds in 3.2 s
+(measured), compiles cold in 90 s (40-90 s; each norm type is a graph of its own, so the two
+LayerNorms are two cold compiles) or from the cache in 20 s (10-20 s), then runs 3 untimed
+steps (the first compiling) and 10 timed ones, each of 8 micro-steps of 12 x 1024 tokens, 30
+ms a micro-step compiled (25-35 ms: 35-45% MFU) and 40 ms eager (no fusions). So compiled:
+10 + 2 x (3.2 + 90 + 13 x 8 x 0.030) = 203 s; --quick's one row: 107 s. The tests: pytest's
+start 10 s, about 15 short training runs of 4 s, four cold compiles of a small model of 20 s,
+three subprocesses of 10 s, and the compiled GPT-2 small row from the cache the compiled stage
+filled (37 s). A benchmark stage's minimum is the estimate for the rows it promises, which it
+runs first (eager and compiled: the two LayerNorms; --quick: PyTorch's), and compiled has no
+cap, so even should every stage before it use all of its own, compiled gets its rows' time:
+full, 480 s - 8 s (the environment's probe) - 10 s (kept to stop a stage and write the
+summary) - 70 s (eager's cap) - 180 s (the tests' minimum, kept for them) = 212 s >= 203 s;
+--quick, 220 - 8 - 10 - 25 - 60 = 117 s >= 107 s. The optional stages (*) keep nothing from
+the stages before them: they run on what the others leave. The plan (each stage's min, cap,
+the limit it gets should every stage before it use all of its own, and its expected seconds
+with how they are counted) is printed first and heads summary.txt; --plan prints it alone.
 
 The budget is sized for one loan of a GPU machine: 15 minutes (900 s) of device time, the
-machine's start (2-4 minutes) included, one call at most 600 s. The default budget (400 s,
-counted from this command's start) and --quick's (180 s) let a full check and one --quick
-rerun fit one loan with the slowest start: 240 s + 400 s + 180 s + about 25 s a call outside
-the budget (the script's GPU probe, copying the checkout there and the files back) = 870 s.
-Each stage's least and most seconds (min / cap; --quick in brackets): norms 20 / 45, eager
-30 / 70 (20 / 40), tests 180 / 300 (60 / 90), compiled 60 / none (50 / none), micro_batch
-30 / 60. The tests' minimum is the largest, as it is what the stages before must leave it:
-about 15 short training runs, four cold compiles and two subprocesses get about 180 s
-(--quick: about 75 s) even when norms and eager run to their caps. The plan (each stage's min,
-cap, and its limit should every stage before it use all of its own) is printed first and
-heads summary.txt.
+machine's start (2-4 minutes) included, one call at most 600 s. The default budget (480 s,
+counted from this command's start) fits one call and, with the slowest start, one loan:
+240 s + 480 s + about 25 s a call outside the budget (the script's GPU probe, copying the
+checkout there and the files back) = 745 s. --quick's (220 s) leaves room for a rerun: 240 +
+2 x (220 + 25) = 730 s. A full check and a --quick rerun fit one loan together when the
+machine starts within 150 s (150 + 480 + 25 + 220 + 25 = 900); a rerun while the machine is
+still held finds its compiled graphs in the cache (20 s a compile, not 90) and ends well
+inside its budget.
 
-``--quick``: the tests that prove correctness on CUDA (bf16 and fp16 steps, exact resume
-with the fast path, flash attention) and one eager and one compiled row for each
-LayerNorm, in 3 minutes. Every benchmark row lands in ``rows.jsonl`` the moment it
-is measured (a row that fails is an error row, and the next runs); ``summary.txt`` is
-rewritten after every stage and, while one runs, as each row lands (the stage shown
-"running" with its seconds so far), so a kill at any moment leaves a readable summary. The
-tests run under pytest -v, and the summary says how many passed, failed and were skipped,
-which one was running when time ran out and which never ran (without pytest, the test
-file runs its own tests, and says which passed and failed). OUTDIR holds five files:
-summary.txt, rows.jsonl, tests.log, bench.log, micro_batch.log.
+Every benchmark row lands in ``rows.jsonl`` the moment it is measured (a row that fails is an
+error row, and the next runs); ``summary.txt`` is rewritten after every stage and, while one
+runs, as each row lands (the stage shown "running" with its seconds so far), so a kill at any
+moment leaves a readable summary. The tests run under pytest -v, and the summary says how
+many passed, failed and were skipped, which one was running when time ran out and which
+never ran (without pytest, the test file runs its own tests, and says which passed and
+failed). OUTDIR holds five files: summary.txt, rows.jsonl, tests.log, bench.log,
+micro_batch.log.
 
 Every stage compiles into one cache, DIR/inductor and DIR/triton (``--cache-dir``, default
-``$XDG_CACHE_HOME/gpt-harness/compile``, i.e. ``~/.cache/gpt-harness/compile``; torch's FX
+``.cache/compile`` in the checkout this package is imported from, git-ignored; torch's FX
 graph and autograd caches on), outside OUTDIR: a stage reuses what an earlier one compiled
-for the same graph, and a rerun on the same machine what the first run compiled.
+for the same graph (the tests' compiled GPT-2 small row, the compiled stage's first), and a
+rerun by the same command what the first run compiled, while the machine, and so the
+checkout with its ignored files, is kept.
 
 A SIGTERM or SIGINT (Ctrl-C) stops the stage under way with its whole process group
 (SIGTERM, SIGKILL 5 s later), writes the summary (that stage "stopped" with the rows it
@@ -60,7 +86,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
-import os
+import math
 import signal
 import subprocess
 import sys
@@ -73,6 +99,7 @@ from gpt.common.files import write_atomically
 from gpt.config import NORM_TYPES
 from gpt.speed.progress_plugin import results_of_tests
 from gpt.speed.stages import (
+    NAME_WIDTH,
     RESERVE_S,
     RUNNING,
     SKIPPED,
@@ -84,18 +111,37 @@ from gpt.speed.stages import (
     stopping_on,
 )
 
-BUDGET_S = 400  # a full check and a --quick rerun fit one 15-minute loan, its start included (docstring)
-QUICK_BUDGET_S = 180
+BUDGET_S = 480  # one call, and one 15-minute loan with the slowest start (docstring)
+QUICK_BUDGET_S = 220
+PROBE_S = 8.0  # what the environment's probe takes of the budget, as the docstring's arithmetic counts it
 FILES = ("summary.txt", "rows.jsonl", "tests.log", "bench.log", "micro_batch.log")  # everything written to OUTDIR
 LAYERNORMS = ["pytorch_layernorm", "handrolled_layernorm"]  # the write-up's question first
-QUICK_TESTS = ["mixed_precision", "exact_resume", "flash_attention"]  # the tests --quick runs
-CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpt-harness" / "compile"
+QUICK_TESTS = ["mixed_precision", "exact_resume", "flash_attention", "norm_precision"]  # the tests --quick runs
+CHECKOUT = Path(__file__).resolve().parents[2]  # the checkout this package is imported from
+CACHE_DIR = CHECKOUT / ".cache" / "compile"  # git-ignored; kept with the checkout while the machine is kept
 REFRESH_S = 10.0  # while a stage runs and no row lands: how often the summary's seconds are brought up to date
 ENVIRONMENT = """import platform, torch
 print(f"python {platform.python_version()}, torch {torch.__version__}, CUDA {torch.version.cuda}")
 for i in range(torch.cuda.device_count()):
     p = torch.cuda.get_device_properties(i)
     print(f"GPU {i}: {p.name}, {p.total_memory / 2**30:.0f} GiB, bf16 {torch.cuda.is_bf16_supported()}")"""
+
+# The plan's estimates, in seconds (docstring): GPT-2 small (configs/gpt2-small.yaml) in bf16 on one H100, at the
+# slow end of what is known
+START_S = 10.0  # a stage's process before its first row: Python, torch, the CUDA context
+BUILD_S = 3.2  # a step row's build: the model, fused AdamW, the reader (measured)
+COLD_COMPILE_S = 90.0  # a compiled row whose graph is not in the cache (40-90 s); each norm type is its own graph
+WARM_COMPILE_S = 20.0  # one whose graph is (the FX graph and autograd caches: 10-20 s)
+# one micro-step of 12 x 1024 tokens at 854 MFLOP a token: compiled 25-35 ms (35-45% of 989 TFLOP/s), eager 40 ms
+MICRO_STEP_S = {True: 0.030, False: 0.040}
+MICRO_STEPS = 8  # a step: the global batch of 96 sequences in micro-batches of 12, on one GPU
+WARMUP, STEPS = 3, 10  # each step row: untimed steps (the first compiles), then timed ones
+NORM_ROW_S = 5.0  # --norms-only, one norm type: its eager row (0.5 s) and compiled row (a small compile, 4.5 s)
+PROBE_STEP_S = 4.0  # one probe of the micro-batch search: a build and two eager steps; about 12 probes
+PYTEST_S = 10.0  # pytest's start: collecting the test file (torch, the package), the CUDA context
+SHORT_RUN_S = 4.0  # one of the tests' training runs of a small model (its token set, 8-20 steps, a checkpoint)
+SMALL_COMPILE_S = 20.0  # a cold compile of the tests' small model
+SUBPROCESS_S = 10.0  # a test's subprocess start (train.py, bench.py, evaluate.py)
 
 
 def compile_env(cache_dir: Path) -> dict[str, str]:
@@ -110,20 +156,38 @@ def compile_env(cache_dir: Path) -> dict[str, str]:
     }
 
 
-def bench_command(python: str, config: Path, rows: str, quick: bool) -> list[str]:
-    """The benchmark of GPT-2 small's steps on synthetic data in bf16, rows appended to ``rows``."""
-    options = ["--data", "synthetic", "--set", "train.precision=bf16", "--warmup", "3"]
-    return [
-        python,
-        "-m",
-        "gpt.commands.bench",
-        str(config),
-        *options,
-        "--steps",
-        "10" if quick else "20",
-        "--jsonl",
-        rows,
-    ]
+def bench_command(python: str, config: Path, rows: str) -> list[str]:
+    """The benchmark of GPT-2 small's steps on synthetic data in bf16 (``WARMUP`` + ``STEPS`` a row, compiled or
+    not), rows appended to ``rows``."""
+    options = ["--data", "synthetic", "--set", "train.precision=bf16", "--warmup", str(WARMUP), "--steps", str(STEPS)]
+    return [python, "-m", "gpt.commands.bench", str(config), *options, "--jsonl", rows]
+
+
+def rows_estimate(rows: int, compiled: bool, warm: bool = False) -> tuple[float, str]:
+    """The seconds ``rows`` step rows of GPT-2 small take in one benchmark process, and how they are counted."""
+    compile_s = (WARM_COMPILE_S if warm else COLD_COMPILE_S) if compiled else 0.0
+    micro_s = MICRO_STEP_S[compiled]
+    seconds = START_S + rows * (BUILD_S + compile_s + (WARMUP + STEPS) * MICRO_STEPS * micro_s)
+    compiling = f" + {'warm' if warm else 'cold'} compile {compile_s:g} s" if compiled else ""
+    how = (
+        f"start {START_S:g} s + {rows} row{'s' * (rows != 1)} x (build {BUILD_S:g} s{compiling} + "
+        f"{WARMUP}+{STEPS} steps x {MICRO_STEPS} micro-steps x {micro_s * 1e3:g} ms)"
+    )
+    return seconds, how
+
+
+def tests_estimate(quick: bool) -> tuple[float, str]:
+    """The seconds the CUDA tests take (``QUICK_TESTS`` with ``quick``), and how they are counted."""
+    if quick:  # bf16 and fp16 runs, exact resume's three, flash attention's one step
+        return PYTEST_S + 5 * SHORT_RUN_S, f"pytest {PYTEST_S:g} s + 5 training runs x {SHORT_RUN_S:g} s"
+    row_s, _ = rows_estimate(1, compiled=True, warm=True)  # its graph in the cache: the compiled stage's first row
+    seconds = PYTEST_S + 15 * SHORT_RUN_S + 4 * SMALL_COMPILE_S + 3 * SUBPROCESS_S + row_s
+    how = (
+        f"pytest {PYTEST_S:g} s + 15 training runs x {SHORT_RUN_S:g} s + 4 small cold compiles x "
+        f"{SMALL_COMPILE_S:g} s + 3 subprocesses x {SUBPROCESS_S:g} s + a compiled GPT-2 small row from the "
+        f"cache {math.ceil(row_s)} s"
+    )
+    return seconds, how
 
 
 def test_command(python: str, tests: Path, quick: bool) -> list[str]:
@@ -140,14 +204,43 @@ def test_command(python: str, tests: Path, quick: bool) -> list[str]:
 def check_stages(
     out: Path, tests: Path, config: Path, quick: bool, python: str = sys.executable, cache_dir: Path = CACHE_DIR
 ) -> list[Stage]:
-    """The check's stages, cheapest first, with their minimum and cap in seconds (the docstring's table). Each
-    keeps its results as they come (rows, probes, test results), so running out of time cuts it, never fails it."""
+    """The check's stages, in order, with their minimum, cap and expected seconds (the docstring's table). Each
+    keeps its results as they come (rows, probes, test results), so running out of time cuts it, never fails it.
+    A benchmark stage's minimum is the estimate for the rows it promises: the two LayerNorms (--quick: the
+    first), which come first in it."""
     rows = str(out / "rows.jsonl")
-    bench, test_run = bench_command(python, config, rows, quick), test_command(python, tests, quick)
+    bench = bench_command(python, config, rows)
+    promised = LAYERNORMS[:1] if quick else LAYERNORMS
     rest = [n for n in NORM_TYPES if n not in LAYERNORMS]
-    norms = LAYERNORMS if quick else LAYERNORMS + rest
+    eager_norms = promised if quick else promised + rest
     stage = functools.partial(Stage, cut_ok=True, env=compile_env(cache_dir))
+
+    def bench_stage(name: str, norms: list[str], compiled: bool, promises: int, max_s: float | None, **kw) -> Stage:
+        """A benchmark of ``norms``, its minimum the estimate for the first ``promises`` rows."""
+        expected_s, how = rows_estimate(len(norms), compiled)
+        least = math.ceil(rows_estimate(promises, compiled)[0])
+        what = f"GPT-2 small, bf16, {'compiled' if compiled else 'compile off'}: {', '.join(norms)}"
+        command = [*bench, "--compile", "on" if compiled else "off", "--norm-types", *norms]
+        return stage(name, what, command, "bench.log", least, max_s, expected_s=expected_s, estimate=how, **kw)
+
+    tests_s, tests_how = tests_estimate(quick)
     stages = [
+        bench_stage("eager", eager_norms, False, len(promised), 25 if quick else 70),
+        bench_stage("compiled", promised, True, len(promised), None),
+        stage(
+            "tests",
+            "the CUDA tests" + (f" ({', '.join(QUICK_TESTS)})" if quick else ""),
+            test_command(python, tests, quick),
+            "tests.log",
+            *((60, 90) if quick else (180, 300)),
+            findings=results_of_tests,  # which ran, passed, failed; a failed test fails the stage, cut or not
+            expected_s=tests_s,
+            estimate=tests_how,
+        ),
+    ]
+    if quick:
+        return stages
+    return stages + [
         stage(
             "norms",
             "each norm layer alone, 12 x 1024 x 768, eager and compiled",
@@ -155,29 +248,9 @@ def check_stages(
             "bench.log",
             20,
             45,
-        ),
-        stage(
-            "eager",
-            f"GPT-2 small, bf16, compile off: {', '.join(norms)}",
-            [*bench, "--compile", "off", "--norm-types", *norms],
-            "bench.log",
-            *((20, 40) if quick else (30, 70)),
-        ),
-        stage(
-            "tests",
-            "the CUDA tests" + (f" ({', '.join(QUICK_TESTS)})" if quick else ""),
-            test_run,
-            "tests.log",
-            *((60, 90) if quick else (180, 300)),
-            findings=results_of_tests,  # which ran, passed, failed; a failed test fails the stage, cut or not
-        ),
-        stage(
-            "compiled",
-            f"GPT-2 small, bf16, compiled: {', '.join(norms)}",
-            [*bench, "--compile", "on", "--norm-types", *norms],
-            "bench.log",
-            50 if quick else 60,
-            None,
+            optional=True,
+            expected_s=START_S + len(NORM_TYPES) * NORM_ROW_S,
+            estimate=f"start {START_S:g} s + {len(NORM_TYPES)} norm types x {NORM_ROW_S:g} s (eager, compiled)",
         ),
         stage(
             "micro_batch",
@@ -186,9 +259,12 @@ def check_stages(
             "micro_batch.log",
             30,
             60,
+            optional=True,
+            expected_s=START_S + 12 * PROBE_STEP_S,
+            estimate=f"start {START_S:g} s + about 12 probes x {PROBE_STEP_S:g} s (a build, two eager steps)",
         ),
+        bench_stage("compiled_rest", rest, True, 1, None, optional=True),
     ]
-    return [s for s in stages if not (quick and s.name in ("norms", "micro_batch"))]
 
 
 def environment(python: str = sys.executable) -> list[str]:
@@ -292,7 +368,7 @@ class Summary:
 def summary(outcomes: list[Outcome], stages: list[Stage], rows: list[dict], head: list[str], finished: bool) -> str:
     """The one table: ``head`` (verdict, environment, budget), every stage (its status, seconds, limit, what
     its log says), then every row measured."""
-    lines = [*head, "", f"{'stage':<12}{'status':<11}{'seconds':>8}{'limit s':>9}  what"]
+    lines = [*head, "", f"{'stage':<{NAME_WIDTH}}{'status':<11}{'seconds':>8}{'limit s':>9}  what"]
     for i, stage in enumerate(stages):
         lines += stage_lines(stage, outcomes[i] if i < len(outcomes) else None, finished)
     return "\n".join(lines + [""] + row_lines(rows)) + "\n"
@@ -301,13 +377,13 @@ def summary(outcomes: list[Outcome], stages: list[Stage], rows: list[dict], head
 def stage_lines(stage: Stage, o: Outcome | None, finished: bool) -> list[str]:
     """A stage's line in the summary, with what its log says under it (and its last lines, if it failed)."""
     if o is None:  # not reached: still to come, or never (a stop, the end)
-        return [f"{stage.name:<12}{'not run' if finished else 'waiting':<11}{'':>8}{'':>9}  {stage.what}"]
+        return [f"{stage.name:<{NAME_WIDTH}}{'not run' if finished else 'waiting':<11}{'':>8}{'':>9}  {stage.what}"]
     if o.status == SKIPPED:
         return [
-            f"{stage.name:<12}{o.status:<11}{'-':>8}{'-':>9}  {stage.what} (needs {stage.min_s:.0f} s, "
+            f"{stage.name:<{NAME_WIDTH}}{o.status:<11}{'-':>8}{'-':>9}  {stage.what} (needs {stage.min_s:.0f} s, "
             f"{o.limit_s:.0f} s were left)"
         ]
-    lines = [f"{stage.name:<12}{o.status:<11}{o.seconds:>8.0f}{o.limit_s:>9.0f}  {stage.what}"]
+    lines = [f"{stage.name:<{NAME_WIDTH}}{o.status:<11}{o.seconds:>8.0f}{o.limit_s:>9.0f}  {stage.what}"]
     lines += [f"    {note}" for note in o.notes]
     return lines + ([f"    | {line}" for line in o.tail] if o.failed else [])
 

@@ -3,10 +3,13 @@
 Built for a short loan of a machine (``gpt.commands.gpu_check``): the whole run must end inside one
 call's limit, and a stop at any moment must leave what was measured. So stages run in
 the order given, each as a subprocess in its own process group. A stage gets what is left
-of the budget after the least time every later stage needs (their ``min_s``), up to its own
-``max_s``; where that leaves it less than its own ``min_s``, it takes what is left (the
-earlier, cheaper stage goes first) and the later ones are skipped, each listed with the
-time it was left. ``budget_lines`` prints that plan before anything runs. A stage that runs
+of the budget after the least time every later stage needs (their ``min_s``; an ``optional``
+stage's is not kept for it: it runs on time left over), up to its own ``max_s``; where that
+leaves it less than its own ``min_s``, it takes what is left (the earlier stage goes first)
+and the later ones are skipped, each listed with the time it was left. ``budget_lines``
+prints that plan before anything runs, with each stage's ``expected_s`` (an estimate, and
+how it is counted) beside the limit it gets should every stage before it use all of its
+own: the plan shows whether a stage's promise fits even then. A stage that runs
 past its limit is stopped (SIGTERM to its whole group, then SIGKILL after ``GRACE_S``); one
 that keeps its results as they come (``cut_ok``: a benchmark writing one row at a time, a
 search logging each probe, tests reporting each as it ends) is then "cut", not failed.
@@ -24,6 +27,7 @@ do not run.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shlex
 import signal
@@ -38,6 +42,7 @@ RUNNING, STOPPED = "running", "stopped"
 GRACE_S = 5.0  # how long a stopped stage may take to end before it is killed
 RESERVE_S = GRACE_S + 5.0  # of the budget: stopping a stage that runs over, and the caller's last words
 POLL_S = 1.0  # while a stage runs: how often on_stage hears of it (and a stop signal is acted on)
+NAME_WIDTH = 15  # the stage names' column in the plan and the summary
 
 
 class Stopped(Exception):
@@ -82,6 +87,9 @@ class Stage:
     env: dict[str, str] = field(default_factory=dict)  # added to the environment it runs in
     # reads what it wrote to its log: whether something in it failed, and lines for the summary
     findings: Callable[[str], tuple[bool, list[str]]] | None = None
+    optional: bool = False  # runs only on time left over: no earlier stage keeps its min_s for it
+    expected_s: float | None = None  # the seconds it is expected to take (an estimate, printed with the plan)
+    estimate: str = ""  # how expected_s is counted
 
 
 @dataclass
@@ -102,30 +110,41 @@ class Outcome:
 
 
 def stage_limit(stages: list[Stage], i: int, left: float) -> float:
-    """Stage ``i``'s time limit with ``left`` seconds left: what the later stages' minimums leave, up to its
-    cap; if that is under its own minimum, whatever is left up to its cap (below its minimum: skipped)."""
+    """Stage ``i``'s time limit with ``left`` seconds left: what the later stages' minimums leave (an optional
+    stage's is not kept), up to its cap; if that is under its own minimum, whatever is left up to its cap
+    (below its minimum: skipped)."""
     stage = stages[i]
     cap = stage.max_s if stage.max_s is not None else left
-    limit = min(cap, left - sum(s.min_s for s in stages[i + 1 :]))  # room left for every later stage
+    kept = sum(s.min_s for s in stages[i + 1 :] if not s.optional)
+    limit = min(cap, left - kept)  # room left for every later stage that is not optional
     return limit if limit >= stage.min_s else min(cap, left)  # not enough for all: this one first
 
 
 def budget_lines(stages: list[Stage], budget_s: float, reserve_s: float = RESERVE_S, spent_s: float = 0.0) -> list[str]:
-    """The plan, before anything runs: each stage's minimum and cap, and the limit it gets should every stage
-    before it run to its own limit (the least it can get; stages that end early leave the later ones more).
-    ``spent_s``: what the caller spent of ``budget_s`` before the first stage."""
+    """The plan, before anything runs: each stage's minimum and cap, the limit it gets should every stage
+    before it run to its own limit (the least it can get; stages that end early leave the later ones more),
+    and the seconds it is expected to take, with how they are counted. ``spent_s``: what the caller spent of
+    ``budget_s`` before the first stage."""
     left = budget_s - spent_s - reserve_s
     lines = [
         f"budget {budget_s:.0f} s: {spent_s:.0f} s spent before the first stage, {reserve_s:.0f} s kept to stop "
-        "one and write the summary; limit: a stage's time should every stage before it use all of its own",
-        f"  {'stage':<12}{'min s':>7}{'cap s':>7}{'limit s':>9}",
+        "one and write the summary; limit: a stage's time should every stage before it use all of its own; "
+        "expected: the estimate, counted as it says",
+        f"  {'stage':<{NAME_WIDTH}}{'min s':>7}{'cap s':>7}{'limit s':>9}{'expected s':>12}",
     ]
     for i, stage in enumerate(stages):
         limit = stage_limit(stages, i, left)
         runs = limit >= stage.min_s
         left -= limit if runs else 0.0
         cap = "-" if stage.max_s is None else f"{stage.max_s:.0f}"
-        lines.append(f"  {stage.name:<12}{stage.min_s:>7.0f}{cap:>7}{f'{limit:.0f}' if runs else 'skipped':>9}")
+        expected = "-" if stage.expected_s is None else f"{math.ceil(stage.expected_s)}"  # rounded up, as min_s is
+        name = stage.name + ("*" if stage.optional else "")
+        lines.append(
+            f"  {name:<{NAME_WIDTH}}{stage.min_s:>7.0f}{cap:>7}{f'{limit:.0f}' if runs else 'skipped':>9}"
+            f"{expected:>12}" + (f"  {stage.estimate}" if stage.estimate else "")
+        )
+    if any(s.optional for s in stages):
+        lines.append("  *: optional, run on time left over (no stage before it keeps its minimum for it)")
     return lines
 
 

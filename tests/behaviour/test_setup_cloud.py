@@ -190,7 +190,7 @@ def test_the_dry_run_shows_the_torch_build_for_the_driver_and_the_gpu_preflight(
         "setup_cloud: HF_TOKEN not set: no Hub login (needed only to publish: scripts/push_to_hub.py, hub.repo_id)",
         "setup_cloud: WANDB_API_KEY not set: no wandb login (log.wandb: true then logs offline)",
         "setup_cloud: no --data: prepare a set before training (scripts/prepare_data.py, or --data)",
-        "check:  bash scripts/gpu_check.sh gpu-check/   (CUDA tests and the benchmark, about 7 minutes)",
+        "check:  bash scripts/gpu_check.sh gpu-check/   (the benchmark compiled and not, the CUDA tests: 8 minutes)",
         "train:  .venv/bin/torchrun --nproc_per_node=2 train.py configs/gpt2-small-pytorch-rmsnorm.yaml",
     ]
 

@@ -1,4 +1,5 @@
-"""On a CUDA GPU: mixed precision, the fast path, exact resume, NCCL DDP, no waiting between log steps.
+"""On a CUDA GPU: mixed precision, the fast path, exact resume, NCCL DDP, no waiting between log steps, and
+one compiled GPT-2 small row in the time the GPU check's plan gives it.
 
 Marked ``cuda`` and skipped, with the reason, where torch sees no GPU. ``scripts/gpu_check.sh``
 runs them on a GPU machine: with pytest (``pytest -m cuda``), or, where the machine has no
@@ -8,9 +9,11 @@ NAME, or all), each test in its own temporary folder.
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 
@@ -20,9 +23,10 @@ from safetensors.torch import load_file
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: synthetic.py, when run as a script
 from synthetic import ROOT, no_sync_between_log_steps, write_token_set, write_train_yaml
 
-from gpt.config import load_config
+from gpt.config import ModelConfig, load_config
 from gpt.model.gpt import GPT
 from gpt.run.directory import find_checkpoint
+from gpt.speed.gpu_check import check_stages
 from gpt.speed.mfu import peak_tflops
 from gpt.training.loop import Trainer, train
 
@@ -112,6 +116,47 @@ def test_flash_attention_takes_the_bf16_step():
         _, loss = model(idx, idx)  # raises if the flash kernel cannot take this call
     loss.backward()
     assert torch.isfinite(loss)
+
+
+def test_norm_precision_under_cuda_autocast_is_the_same_for_both_kinds():
+    # CUDA autocast runs layer_norm / rms_norm in fp32; the hand-rolled norms compute in their input's dtype, so a
+    # bf16 input (QK-norm's q and k, peri's sublayer outputs) is upcast by default (model.norm_compute_dtype
+    # float32): both kinds then compute the same function within fp32 rounding (on the CPU, under CUDA autocast's
+    # policy imitated: tests/model/test_norm_precision.py); with "input" the hand-rolled statistics are bf16's
+    from gpt.model.gpt import normed
+    from gpt.model.norms import make_norm
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = (3 * torch.randn(8, 128, 64, device="cuda", generator=g) + 1).bfloat16()  # what a matmul writes
+    for ours, theirs in (("handrolled_layernorm", "pytorch_layernorm"), ("handrolled_rmsnorm", "pytorch_rmsnorm")):
+        cfg = {"norm_type": ours, "d_model": 64, "norm_eps": 1e-5}
+        a, b = make_norm(cfg).cuda(), make_norm({**cfg, "norm_type": theirs}).cuda()
+        with torch.no_grad():
+            a.weight.add_(0.3 * torch.randn(64, device="cuda", generator=g))
+            b.load_state_dict(a.state_dict())
+            exact = a.double()(x.double()).float()
+            a.float()
+            with torch.autocast("cuda", torch.bfloat16):
+                assert b(x).dtype == torch.float32  # autocast's fp32 list: PyTorch's norm upcasts itself
+                hand, fused = a(x.float()), b(x.float())  # what normed computes, before its cast back
+                hand_bf16 = a(x)  # norm_compute_dtype input: the statistics in bf16
+                upcast = [normed(n, x, upcast=True) for n in (a, b)]
+        scale = exact.abs().max()
+        assert (hand - fused).abs().max() < 2e-6 * scale, (ours, (hand - fused).abs().max())
+        assert (hand_bf16.float() - exact).abs().max() > 100 * (hand - exact).abs().max(), ours
+        assert (upcast[0] != upcast[1]).float().mean() < 0.01, ours
+    # a model with peri-norm and QK-norm, the same weights: its logits as close as in fp32 by default
+    base = dict(vocab_size=97, context_length=16, d_model=64, n_layers=2, n_heads=4, norm_placement="peri")
+    idx = torch.randint(0, 97, (4, 16), device="cuda", generator=g)
+    for dtype, bound in (("float32", 0.01), ("input", None)):
+        kw = dict(base, qk_norm="head", norm_compute_dtype=dtype)
+        hand = GPT(ModelConfig(**kw, norm_type="handrolled_layernorm", qk_norm_type="handrolled_rmsnorm"), seed=1)
+        fused = GPT(ModelConfig(**kw, norm_type="pytorch_layernorm", qk_norm_type="pytorch_rmsnorm"), seed=1)
+        fused.load_state_dict(hand.state_dict())
+        with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
+            a, b = (m.cuda().eval()(idx)[0].float() for m in (hand, fused))
+        share = (a != b).float().mean().item()
+        assert share < bound if bound else share > 0.05, (dtype, share)
 
 
 def test_exact_resume_on_the_gpu(tmp_path):
@@ -257,6 +302,34 @@ def test_bench_on_the_gpu(tmp_path):
         assert (r["mfu"] is None) == (peak_tflops(r["device"]) is None)
         assert r["peak_cuda_allocated_bytes"] > 0 and "peak_rss_bytes" not in r
         assert (r["compile_s"] is not None) == r["compile"]
+
+
+def test_one_compiled_gpt2_small_row_lands_within_the_compiled_stages_minimum(tmp_path):
+    # the GPU check's own compiled benchmark of one LayerNorm (--quick's compiled stage: the same command, one row)
+    # in that stage's minimum, the plan's estimate of one row with a cold compile; run by the check, this test
+    # inherits its compile cache, where the compiled stage left this graph
+    stage = next(
+        s
+        for s in check_stages(tmp_path, Path(__file__), ROOT / "configs" / "gpt2-small.yaml", True, sys.executable)
+        if s.name == "compiled"
+    )
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        stage.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, start_new_session=True
+    )
+    try:
+        output, _ = proc.communicate(timeout=stage.min_s)
+    except subprocess.TimeoutExpired:  # out of time: the benchmark and its compile workers end here
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+    seconds = time.monotonic() - started
+    rows_file = tmp_path / "rows.jsonl"
+    rows = [json.loads(line) for line in rows_file.read_text().splitlines()] if rows_file.is_file() else []
+    landed = [(r["norm_type"], r["compile"], r.get("error")) for r in rows]
+    assert landed == [("pytorch_layernorm", True, None)], (
+        f"no compiled row within the compiled stage's {stage.min_s:.0f} s ({seconds:.0f} s): {landed}\n{output[-3000:]}"
+    )
+    assert rows[0]["compile_s"] > 0 and rows[0]["steps"] > 0, rows[0]
 
 
 def test_evaluation_after_tf32_training_computes_the_bits_of_a_fresh_evaluate(tmp_path):

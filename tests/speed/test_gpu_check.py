@@ -3,6 +3,7 @@ stage's report, the script's interpreter and help, what it imports, and the CUDA
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 import signal
@@ -19,10 +20,30 @@ from gpt.common.files import process_alive
 from gpt.config import load_config
 from gpt.model.gpt import GPT
 from gpt.model.norms import NORM_TYPES
-from gpt.speed.gpu_check import FILES, check, check_stages, select
+from gpt.speed import gpu_check
+from gpt.speed.gpu_check import (
+    BUDGET_S,
+    BUILD_S,
+    CACHE_DIR,
+    COLD_COMPILE_S,
+    FILES,
+    MICRO_STEP_S,
+    MICRO_STEPS,
+    PROBE_S,
+    QUICK_BUDGET_S,
+    START_S,
+    STEPS,
+    WARMUP,
+    check,
+    check_stages,
+    rows_estimate,
+    select,
+)
 from gpt.speed.progress_plugin import results_of_tests
-from gpt.speed.stages import GRACE_S, Stage, budget_lines, run_stages
+from gpt.speed.stages import GRACE_S, RESERVE_S, Stage, budget_lines, run_stages, stage_limit
 from gpt.training.loop import Trainer, train
+
+TESTS = ROOT / "tests" / "speed" / "test_cuda.py"
 
 
 def test_a_finished_run_leaves_sync_debug_mode_off_for_the_next(train_yaml, monkeypatch):
@@ -129,7 +150,7 @@ def test_a_failure_is_in_the_summary_and_the_exit_status(tmp_path):
     summary = (out / "summary.txt").read_text()
     assert "gpu_check: FAILED" in summary
     assert "step  n0" in summary and "failed: OutOfMemoryError: x" in summary  # the error row, named
-    assert "tests       failed" in summary and "    | 1 failed" in summary  # the stage's last lines
+    assert stage_lines(summary)["tests"][1] == "failed" and "    | 1 failed" in summary  # the stage's last lines
     # a rerun into the same folder starts clean
     assert check(out, stages[:1], budget_s=30.0, env=[], reserve_s=0.2) == 1
     assert len((out / "rows.jsonl").read_text().splitlines()) == 2
@@ -159,17 +180,19 @@ def test_a_stage_past_its_limit_is_stopped_with_its_children(tmp_path):
 
 
 def test_plan_and_selection(tmp_path):
-    full = check_stages(tmp_path, ROOT / "tests" / "speed" / "test_cuda.py", CONFIGS / "gpt2-small.yaml", quick=False)
-    assert [s.name for s in full] == ["norms", "eager", "tests", "compiled", "micro_batch"]
-    compiled = next(s for s in full if s.name == "compiled").command
-    assert compiled[compiled.index("--norm-types") + 1 :][:2] == ["pytorch_layernorm", "handrolled_layernorm"]
-    assert sorted(compiled[compiled.index("--norm-types") + 1 :]) == sorted(NORM_TYPES)  # every registered one
-    quick = check_stages(tmp_path, ROOT / "tests" / "speed" / "test_cuda.py", CONFIGS / "gpt2-small.yaml", quick=True)
-    assert [s.name for s in quick] == ["eager", "tests", "compiled"]
+    full = check_stages(tmp_path, TESTS, CONFIGS / "gpt2-small.yaml", quick=False)
+    assert [s.name for s in full] == ["eager", "compiled", "tests", "norms", "micro_batch", "compiled_rest"]
+    assert [s.name for s in full if s.optional] == ["norms", "micro_batch", "compiled_rest"]
+    norms = {s.name: s.command[s.command.index("--norm-types") + 1 :] for s in full if "--norm-types" in s.command}
+    assert norms["eager"][:2] == norms["compiled"] == ["pytorch_layernorm", "handrolled_layernorm"]
+    assert sorted(norms["eager"]) == sorted(norms["compiled"] + norms["compiled_rest"]) == sorted(NORM_TYPES)
+    quick = check_stages(tmp_path, TESTS, CONFIGS / "gpt2-small.yaml", quick=True)
+    assert [s.name for s in quick] == ["eager", "compiled", "tests"]
+    assert [s.command[s.command.index("--norm-types") + 1 :] for s in quick[:2]] == [["pytorch_layernorm"]] * 2
     tests = next(s for s in quick if s.name == "tests").command
-    assert tests[-2:] == ["-k", "mixed_precision or exact_resume or flash_attention"]
-    assert [s.name for s in select(full, "tests, compiled")] == ["tests", "compiled"]
-    with pytest.raises(Exception, match=r"--stages tests,bogus: no stage bogus; stages: norms, eager, tests"):
+    assert tests[-2:] == ["-k", "mixed_precision or exact_resume or flash_attention or norm_precision"]
+    assert [s.name for s in select(full, "tests, compiled")] == ["compiled", "tests"]
+    with pytest.raises(Exception, match=r"--stages tests,bogus: no stage bogus; stages: eager, compiled, tests"):
         select(full, "tests,bogus")
 
 
@@ -293,7 +316,7 @@ def test_the_scripts_help_needs_no_gpu_and_no_torch(tmp_path):
     for args, environment in [(["--help"], no_torch), (["OUT", "--quick", "-h"], no_torch), (["--help"], with_torch)]:
         out = subprocess.run(["bash", script, *args], capture_output=True, text=True, env=environment, cwd=tmp_path)
         assert out.returncode == 0 and out.stdout.startswith("The GPU check: "), out.stderr
-        assert "bash scripts/gpu_check.sh OUTDIR [--budget-s 400]" in out.stdout and "no CUDA GPU" not in out.stderr
+        assert "bash scripts/gpu_check.sh OUTDIR [--budget-s 480]" in out.stdout and "no CUDA GPU" not in out.stderr
     assert "--cache-dir DIR" in out.stdout and "--tests TESTS" in out.stdout  # the command's own, where torch is
     missing = subprocess.run(["bash", script, "--quick"], capture_output=True, text=True, env=env)
     assert missing.returncode == 2 and missing.stderr.startswith("usage: bash scripts/gpu_check.sh OUTDIR")
@@ -369,13 +392,123 @@ def test_every_stage_compiles_into_the_one_cache(tmp_path):
     assert str([wanted[k] for k in sorted(wanted)]) in (tmp_path / "bench.log").read_text()
 
 
-def test_the_budget_plan_gives_the_tests_their_minimum_even_after_every_cap():
-    # the defaults, as the docstring states them: a full check leaves the tests >= 180 s, --quick >= 70 s
-    for quick, budget, least in [(False, 400, 180), (True, 180, 70)]:
-        stages = check_stages(ROOT, ROOT / "tests" / "speed" / "test_cuda.py", CONFIGS / "gpt2-small.yaml", quick=quick)
-        lines = budget_lines(stages, budget, spent_s=8.0)  # the environment's probe
-        limits = {line.split()[0]: line.split()[3] for line in lines[2:]}
-        assert int(limits["tests"]) >= least and "skipped" not in limits.values(), lines
+def planned(quick: bool) -> tuple[list[Stage], dict[str, list[str]]]:
+    """The default check's stages and its printed plan, each stage's line split into words (name, min, cap,
+    limit, expected, how it is counted), as the check prints it after the environment's probe."""
+    stages = check_stages(ROOT, TESTS, CONFIGS / "gpt2-small.yaml", quick=quick)
+    lines = budget_lines(stages, QUICK_BUDGET_S if quick else BUDGET_S, spent_s=PROBE_S)
+    return stages, {line.split()[0].rstrip("*"): line.split() for line in lines[2:] if not line.startswith("  *:")}
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_the_plan_gives_the_compiled_rows_their_expected_time_even_after_every_cap(quick):
+    # should eager run to its cap (and the environment's probe take its 8 s), the compiled stage, the tests' minimum
+    # kept after it, still gets what its promised rows (both LayerNorms; --quick: one) are expected to take, each
+    # with a cold compile at the slow end of 40-90 s
+    stages, plan = planned(quick)
+    by_name = {s.name: s for s in stages}
+    compiled, eager, tests = by_name["compiled"], by_name["eager"], by_name["tests"]
+    promised = 1 if quick else 2
+    row_s = BUILD_S + COLD_COMPILE_S + (WARMUP + STEPS) * MICRO_STEPS * MICRO_STEP_S[True]  # a cold compile a row
+    assert compiled.expected_s == pytest.approx(START_S + promised * row_s) and compiled.min_s >= compiled.expected_s
+    train_cfg = load_config(CONFIGS / "gpt2-small.yaml").train  # one GPU: a step is this many micro-steps
+    assert COLD_COMPILE_S >= 90 and train_cfg.global_batch_size // train_cfg.micro_batch_size == MICRO_STEPS
+    assert compiled.max_s is None and eager.max_s is not None  # compiled may run over its estimate; eager may not
+    left = (QUICK_BUDGET_S if quick else BUDGET_S) - PROBE_S - RESERVE_S
+    by_hand = left - eager.max_s - tests.min_s  # eager at its cap, the tests' minimum kept, nothing else
+    assert int(plan["compiled"][3]) == math.floor(by_hand + 0.5) and by_hand >= compiled.expected_s, plan
+    assert int(plan["eager"][3]) == eager.max_s >= eager.min_s >= rows_estimate(promised, compiled=False)[0]
+    assert int(plan["tests"][3]) >= (60 if quick else 180) and int(plan["tests"][3]) >= tests.min_s
+    assert all(plan[s.name][3] != "skipped" for s in stages if not s.optional), plan
+    # the promised rows run first, so that a cut stage keeps them
+    for stage in (eager, compiled):
+        norms = stage.command[stage.command.index("--norm-types") + 1 :]
+        assert norms[:promised] == (["pytorch_layernorm"] if quick else ["pytorch_layernorm", "handrolled_layernorm"])
+
+
+def test_the_printed_plan_gives_every_stages_expected_seconds_and_how_they_are_counted(tmp_path):
+    for quick in (False, True):
+        stages, plan = planned(quick)
+        assert list(plan) == [s.name for s in stages]
+        for s in stages:
+            line = " ".join(plan[s.name])
+            assert s.expected_s is not None and plan[s.name][4] == str(math.ceil(s.expected_s)), line
+            assert s.estimate and line.endswith(s.estimate)
+    assert "start 10 s + 2 rows x (build 3.2 s + cold compile 90 s + 3+10 steps x 8 micro-steps x 30 ms)" in (
+        " ".join(planned(False)[1]["compiled"])
+    )
+    # the check prints it first and heads the summary with it
+    stage = Stage(
+        "eager", "stand-in", [sys.executable, "-c", "pass"], "bench.log", 0.1, 5.0, expected_s=2.5, estimate="x"
+    )
+    out = tmp_path / "out"
+    check(out, [stage], budget_s=30.0, env=[], reserve_s=0.2)
+    head = (out / "summary.txt").read_text().split("\nstage ", 1)[0].splitlines()
+    assert "expected s" in head[-2] and head[-1].split() == ["eager", "0", "5", "5", "3", "x"], head
+
+
+def test_the_check_prints_its_plan_alone_without_a_gpu(tmp_path):
+    # --plan: the command and the script print the plan, and run nothing (no OUTDIR, no GPU needed)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for quick in ([], ["--quick"]):
+        command = [sys.executable, "-m", "gpt.commands.gpu_check", str(out), "--tests", str(TESTS), "--config"]
+        shown = subprocess.run(
+            [*command, str(CONFIGS / "gpt2-small.yaml"), *quick, "--plan"], capture_output=True, text=True, env=env
+        )
+        stages = check_stages(out, TESTS, CONFIGS / "gpt2-small.yaml", quick=bool(quick))
+        budget = budget_lines(stages, QUICK_BUDGET_S if quick else BUDGET_S, spent_s=PROBE_S)
+        assert (
+            shown.returncode == 0
+            and shown.stdout == "\n".join(budget) + f"\ncompile cache (every stage): {CACHE_DIR}\n"
+        )
+    script = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(out), "--quick", "--plan"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
+    assert script.returncode == 0 and script.stdout == shown.stdout, script.stderr
+    assert not out.exists()
+
+
+def test_the_compile_cache_is_in_the_checkout_git_ignored_and_in_every_stages_environment(tmp_path):
+    assert CACHE_DIR == ROOT / ".cache" / "compile"  # kept with the checkout while the machine is kept
+    assert "/.cache/" in (ROOT / ".gitignore").read_text().split()  # never committed
+    for quick in (False, True):
+        for s in check_stages(tmp_path, TESTS, CONFIGS / "gpt2-small.yaml", quick=quick):  # the default
+            assert s.env["TORCHINDUCTOR_CACHE_DIR"] == str(CACHE_DIR / "inductor"), s.name
+            assert s.env["TRITON_CACHE_DIR"] == str(CACHE_DIR / "triton"), s.name
+
+
+def test_an_optional_stage_keeps_nothing_from_the_stages_before_it():
+    def stage(name, min_s, max_s=None, optional=False):
+        return Stage(name, name, ["true"], "x.log", min_s, max_s, optional=optional)
+
+    stages = [stage("a", 10), stage("b", 20, 30), stage("c", 50, optional=True)]
+    assert [stage_limit(stages, i, 100.0) for i in (0, 1)] == [80.0, 30.0]  # c's 50 s not kept by a or b
+    assert stage_limit(stages, 2, 40.0) == 40.0 and stage_limit(stages, 2, 30.0) < stages[2].min_s  # then skipped
+    plain = [stage("a", 10), stage("b", 20, 30), stage("c", 50)]
+    assert stage_limit(plain, 0, 100.0) == 30.0  # a plain stage's minimum is kept
+
+
+def test_the_docstring_states_the_plan_the_check_makes():
+    doc = " ".join(gpu_check.__doc__.split())
+    full, quick = (check_stages(ROOT, TESTS, CONFIGS / "gpt2-small.yaml", quick=q) for q in (False, True))
+
+    def numbers(s: Stage) -> str:
+        return f"{s.min_s:.0f} / {'none' if s.max_s is None else f'{s.max_s:.0f}'} ({math.ceil(s.expected_s)})"
+
+    quick_by_name = {s.name: s for s in quick}
+    for s in full:
+        also = f" [{numbers(quick_by_name[s.name])}]" if s.name in quick_by_name else ""
+        assert f"{s.name} {numbers(s)}{also}" in doc, s.name
+    (full_plan, quick_plan), eager = (planned(q)[1] for q in (False, True)), quick_by_name["eager"]
+    assert f"{BUDGET_S} s - {PROBE_S:g} s (the environment's probe) - {RESERVE_S:g} s" in doc
+    assert f"= {full_plan['compiled'][3]} s >= {full_plan['compiled'][4]} s" in doc
+    by_hand = f"{QUICK_BUDGET_S} - {PROBE_S:g} - {RESERVE_S:g} - {eager.max_s:g} - {quick_by_name['tests'].min_s:g}"
+    assert f"{by_hand} = {quick_plan['compiled'][3]} s >= {quick_plan['compiled'][4]} s" in doc
+    assert f"default budget ({BUDGET_S} s" in doc and f"--quick's ({QUICK_BUDGET_S} s)" in doc
 
 
 BLOCKER = """

@@ -13,18 +13,14 @@ auto), 2 a user error.
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from gpt.commands.cli import add_config_args, command, config_from_args, parser_for, standard_hooks
 from gpt.config import describe_fields, dump_config
 
 
-@command
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if "--help-config" in argv:
-        print(describe_fields())
-        return 0
+def parser() -> argparse.ArgumentParser:
     parser = parser_for(__doc__, 2)
     add_config_args(parser)
     parser.add_argument(
@@ -63,19 +59,35 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="print every config key with its default as YAML (type and doc as comments)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def dry_run(cfg, gpus: int | None) -> str:
+    """The model and what the run spends besides its training steps on ``gpus`` GPUs (default: one micro-step
+    each), all on the CPU (the stats step counted on the meta device)."""
+    from gpt.model.gpt import GPT  # after validation: building the model is the heavy part
+    from gpt.model.inventory import model_summary
+    from gpt.speed.overheads import overhead_lines, stats_step_cost
+
+    model = GPT(cfg.model, seed=cfg.init_seed)
+    gpus = gpus or cfg.train.global_batch_size // cfg.train.micro_batch_size
+    stats = stats_step_cost(cfg.model) if cfg.log.stats_every else None
+    return "\n".join([model_summary(cfg, model), *overhead_lines(cfg, model, gpus, stats)])
+
+
+@command
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--help-config" in argv:
+        print(describe_fields())
+        return 0
+    args = parser().parse_args(argv)
     cfg = config_from_args(args)
     if args.print_config:
         print(dump_config(cfg), end="")
         return 0
     if args.dry_run:
-        from gpt.model.gpt import GPT  # after validation: building the model is the heavy part
-        from gpt.model.inventory import model_summary
-        from gpt.speed.overheads import overhead_lines
-
-        model = GPT(cfg.model, seed=cfg.init_seed)
-        gpus = args.gpus or cfg.train.global_batch_size // cfg.train.micro_batch_size
-        print("\n".join([model_summary(cfg, model), *overhead_lines(cfg, model, gpus)]))
+        print(dry_run(cfg, args.gpus))
         return 0
     if args.find_micro_batch:
         from gpt.run.distributed import setup

@@ -25,6 +25,7 @@ and stops with the operating system's reason and the last good checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import pickle
@@ -130,13 +131,18 @@ def save_checkpoint(
     import torch
     from safetensors.torch import save_model
 
-    def fill(tmp: Path) -> None:
-        save_model(model, str(tmp / MODEL_FILE))
-        with open(tmp / STATE_FILE, "wb") as f:  # a file object: torch then keeps the OS error as the cause
-            torch.save(state, f)
-
-    pointers = ("latest", "best") if is_best else ("latest",)
-    return _write(root, checkpoint_name(step), fill, config_yaml, info, pointers, keep_last)
+    root, name = Path(root), checkpoint_name(step)
+    with _failing_as_checkpoint_error(root, name):
+        with replacing_folder(root / name) as tmp:  # the same step again (a resumed run passing it): swapped whole
+            save_model(model, str(tmp / MODEL_FILE))
+            with open(tmp / STATE_FILE, "wb") as f:  # a file object: torch then keeps the OS error as the cause
+                torch.save(state, f)
+            (tmp / CONFIG_FILE).write_text(config_yaml)
+            (tmp / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+        for pointer in ("latest", "best") if is_best else ("latest",):
+            _write_pointer(root, pointer, name)
+    _prune(root, keep_last)
+    return root / name
 
 
 def save_best_weights(
@@ -146,24 +152,24 @@ def save_best_weights(
     and move ``best`` to it; the best folder it replaces is pruned. Fails as ``save_checkpoint`` does."""
     from safetensors.torch import save_file
 
-    def fill(tmp: Path) -> None:
-        save_file(weights, str(tmp / MODEL_FILE))
-
-    info = {**info, "weights_only": True}
-    return _write(root, checkpoint_name(step, "best"), fill, config_yaml, info, ("best",), keep_last)
-
-
-def _write(root, name: str, fill, config_yaml: str, info: dict, pointers: tuple[str, ...], keep_last: int) -> Path:
-    """Fill folder ``name`` of ``root`` atomically (``fill`` writes the tensors), point ``pointers`` at it, prune."""
-    root = Path(root)
-    try:
-        with replacing_folder(root / name) as tmp:  # the same step again (a resumed run passing it): swapped whole
-            fill(tmp)
+    root, name = Path(root), checkpoint_name(step, "best")
+    with _failing_as_checkpoint_error(root, name):
+        with replacing_folder(root / name) as tmp:
+            save_file(weights, str(tmp / MODEL_FILE))
             (tmp / CONFIG_FILE).write_text(config_yaml)
-            (tmp / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
-        for pointer in pointers:
-            _write_pointer(root, pointer, name)
-    except WriteError as e:  # a full disk, a file-size limit, a read-only folder: the last good one stands
+            (tmp / INFO_FILE).write_text(json.dumps({**info, "weights_only": True}, indent=2) + "\n")
+        _write_pointer(root, "best", name)
+    _prune(root, keep_last)
+    return root / name
+
+
+@contextlib.contextmanager
+def _failing_as_checkpoint_error(root: Path, name: str):
+    """A write of checkpoint ``name`` that fails (a full disk, a file-size limit, a read-only folder) as a
+    CheckpointError naming the operating system's reason and the last good checkpoint, which stands."""
+    try:
+        yield
+    except WriteError as e:
         try:
             last = read_pointer(root, "latest")
         except CheckpointError:
@@ -173,8 +179,6 @@ def _write(root, name: str, fill, config_yaml: str, info: dict, pointers: tuple[
             f"cannot write checkpoint {name} in {root}: {e.reason}; {kept}; "
             "free space or fix the folder, then rerun with --resume auto"
         ) from None
-    _prune(root, keep_last)
-    return root / name
 
 
 def host_copy(model: torch.nn.Module, into: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:

@@ -240,7 +240,17 @@ def check_stages(
     ]
     if quick:
         return stages
-    return stages + [
+    return (
+        stages
+        + leftover_stages(stage, python, config, rows)
+        + [bench_stage("compiled_rest", rest, True, 1, None, optional=True)]
+    )
+
+
+def leftover_stages(stage, python: str, config: Path, rows: str) -> list[Stage]:
+    """The full check's optional stages run on time left over (``stage``: ``Stage`` with the check's settings):
+    the norm layers alone and the micro-batch search."""
+    return [
         stage(
             "norms",
             "each norm layer alone, 12 x 1024 x 768, eager and compiled",
@@ -263,7 +273,6 @@ def check_stages(
             expected_s=START_S + 12 * PROBE_STEP_S,
             estimate=f"start {START_S:g} s + about 12 probes x {PROBE_STEP_S:g} s (a build, two eager steps)",
         ),
-        bench_stage("compiled_rest", rest, True, 1, None, optional=True),
     ]
 
 

@@ -21,7 +21,12 @@ update makes), so its activations and gradients are those of the model after t -
 
 Nothing here touches the weights, the gradients or a random number generator, so a run computes the same
 bits with stats on or off; a step that is not a stats step runs no hook and reads nothing back. The
-numbers stay device tensors until ``StatsProbe.take`` reads them all back at once (one wait per stats step).
+numbers stay device tensors until ``StatsProbe.take`` reads them all back at once: one tensor, one
+``.tolist()``, one wait per stats step. The per-tensor work is grouped: one ``torch._foreach_norm`` over every
+gradient, one ``torch._foreach_copy_`` of every weight, and after the update one in-place subtraction and one
+``torch._foreach_norm`` for every tensor's change; the per-block numbers are reductions of those per-tensor norms
+(a pooled norm is the norm of its tensors' norms). ``gpt.speed.overheads.stats_step_cost`` counts what a
+stats step costs.
 
 ``EarlyWarning`` watches the records: a line, once per statistic and block, when a block's residual RMS
 or attention-logit max grows past ``log.stats_warn_growth`` times its smallest value over the last
@@ -49,23 +54,59 @@ FLOOR = {"attn_logit_max": 5.0}
 
 
 def _rms(t: torch.Tensor) -> torch.Tensor:
-    return t.float().pow(2).mean().sqrt()
+    """The root mean square of ``t``, its squares summed in float32: one reduction (on a GPU it reads ``t`` in its
+    own dtype, with no float32 copy of it)."""
+    return torch.linalg.vector_norm(t, dtype=torch.float32) / math.sqrt(t.numel())
 
 
-def _norm_sq(tensors) -> torch.Tensor:
-    return sum(t.float().pow(2).sum() for t in tensors)
+def _abs_max(t: torch.Tensor) -> torch.Tensor:
+    """max |t| in float32 (exact: the largest magnitude in t's dtype, then widened); NaN if any element is."""
+    return torch.linalg.vector_norm(t, math.inf).float()
 
 
-def _ratio(p: torch.Tensor, old: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One tensor's update ratio ||p - old|| / ||old|| (NaN where old is all zeros) and whether it was, on the
-    device: read back with the rest."""
-    before = old.float().norm()
-    return (p.float() - old.float()).norm() / before, before == 0
+class _Tensors:
+    """The parameters the gradient norms and update ratios read, each once (a tied matrix too), in the order the
+    grouped reductions put their per-tensor norms: block 0's, block 1's, ... (every block has the same tensors),
+    the embeddings', the head's unless tied, the final norm's; each group a range of that order."""
 
+    def __init__(self, model):
+        self.params: list[torch.nn.Parameter] = []
+        self.ranges: dict[str, slice] = {}
+        index: dict[int, int] = {}
+        for group, ps in StatsProbe.groups(model).items():
+            at = []
+            for p in ps:
+                if id(p) not in index:
+                    index[id(p)] = len(self.params)
+                    self.params.append(p)
+                at.append(index[id(p)])
+            if at != list(range(at[0], at[0] + len(at)) if at else []):
+                raise ValueError(f"the stats probe's {group}: its tensors are not one range of the model's")
+            self.ranges[group] = slice(at[0], at[-1] + 1) if at else slice(0, 0)
+        self.blocks = len(model.blocks)
+        self.per_block = self.ranges["block0"].stop
+        if any(
+            self.ranges[f"block{i}"] != slice(i * self.per_block, (i + 1) * self.per_block)
+            for i in range(1, self.blocks)
+        ):
+            raise ValueError("the stats probe needs every block to hold the same tensors")
+        # each norm tensor's record key -> its place in the order: one per block, or one (the final norm's)
+        self.norm_keys: dict[str, list[int] | int] = {}
+        for i, block in enumerate(model.blocks):
+            for j, (name, _) in enumerate(block.named_parameters()):
+                module, param = name.rsplit(".", 1)
+                if module.split(".")[-1] in NORMS + QK_NORMS:
+                    key = f"{module.split('.')[-1]}_{param}_update_ratio"
+                    self.norm_keys.setdefault(key, [0] * self.blocks)[i] = i * self.per_block + j
+        for j, (name, _) in enumerate(model.ln_f.named_parameters()):
+            self.norm_keys[f"ln_f_{name}_update_ratio"] = self.ranges["ln_f"].start + j
 
-def _ratio_value(pair) -> float | None:
-    ratio, zero = pair
-    return None if bool(zero) else float(ratio)
+    def pooled(self, norms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Each group's norm from its tensors' ``norms`` (one per tensor, in this order): sqrt of their sum of
+        squares, for the blocks (one each), the embeddings and the head."""
+        blocks = norms[: self.blocks * self.per_block].view(self.blocks, self.per_block)
+        embed, head = norms[self.ranges["embed"]], norms[self.ranges["head"]]
+        return tuple(torch.linalg.vector_norm(v, dim=-1) for v in (blocks, embed, head))
 
 
 class StatsProbe:
@@ -73,9 +114,9 @@ class StatsProbe:
 
     def __init__(self, every: int):
         self.every = every
-        self.pending: dict | None = None  # device tensors of the step being measured
-        self.before: dict[str, list[torch.Tensor]] | None = None  # each group's weights before the update
-        self.tensor_ratios: dict = {}  # each norm tensor's (update ratio, was it all zeros) of the step measured
+        self.pending: dict | None = None  # device tensors of the step being measured, by record key
+        self.before: tuple[_Tensors, list[torch.Tensor]] | None = None  # the weights before the update
+        self.tensor_ratios: tuple[_Tensors, torch.Tensor, torch.Tensor] | None = None  # each tensor's ratio, norm
 
     def due(self, step: int) -> bool:
         return self.every > 0 and step % self.every == 0
@@ -105,67 +146,79 @@ class StatsProbe:
                     model(x[:STATS_SEQUENCES])
             finally:
                 model.train(was_training)
-        out = {k: torch.stack(v) if len(v) > 1 or k in _PER_BLOCK else v[0] for k, v in stats.items()}
-        groups = self.groups(model)
-        grads = {g: _norm_sq([p.grad for p in ps if p.grad is not None]).sqrt() for g, ps in groups.items() if ps}
-        out["grad_norm"] = torch.stack([grads[f"block{i}"] for i in range(len(model.blocks))])
-        out["embed_grad_norm"], out["head_grad_norm"] = grads["embed"], grads["head"]
-        for name in ("ln_f",):
-            self._gains(getattr(model, name), name, out)
-        for i, block in enumerate(model.blocks):
-            for name in block_norms(block):
-                self._gains(getattr(block, name), name, out, i, len(model.blocks))
+        # every hook's number in one tensor; each key a view of its part
+        flat, out, at = torch.stack([v for values in stats.values() for v in values]), {}, 0
+        for key, values in stats.items():
+            out[key] = flat[at : at + len(values)] if len(values) > 1 or key in _PER_BLOCK else flat[at]
+            at += len(values)
+        tensors = _Tensors(model)
+        # every tensor's gradient norm in one grouped op; a block's is the norm of its tensors' norms
+        missing = [p for p in tensors.params if p.grad is None]
+        zero = missing[0].new_zeros(()) if missing else None
+        grads = [p.grad if p.grad is not None else zero for p in tensors.params]
+        norms = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32))
+        out["grad_norm"], out["embed_grad_norm"], out["head_grad_norm"] = tensors.pooled(norms)
+        self._gains([model.ln_f], "ln_f", out, per_block=False)
+        for name in block_norms(model.blocks[0]):
+            self._gains([getattr(block, name) for block in model.blocks], name, out)
         # fp16's loss scale, as the device holds it (get_scale() would wait for the device)
         scale = getattr(scaler, "_scale", None) if scaler is not None and scaler.is_enabled() else None
         out["loss_scale"] = scale.detach().reshape(()).clone() if scale is not None else None
         self.pending = out
-        self.before = {g: [p.detach().clone() for p in ps] for g, ps in groups.items()}
+        # The weights before the update, every tensor of them: the pooled ratio and update_ratio_max need each
+        # tensor's change, and W_after - W_before is exact for whatever the optimizer did (fused AdamW, a skipped
+        # step, fp16's scaler), where recomputing AdamW's update from its state would read twice these bytes (m, v)
+        # and only approximate its kernel's rounding. One grouped copy (a few kernels on a GPU); freed after the update
+        # (kept across steps it would hold its 4 bytes a parameter through every step's forward and backward).
+        before = [torch.empty_like(p) for p in tensors.params]
+        torch._foreach_copy_(before, tensors.params)
+        self.before = (tensors, before)
 
     @torch.no_grad()
     def after_update(self, model) -> None:
         """The update ratios, once the optimizer has stepped (a skipped step's are 0)."""
-        ratios, blocks = {}, len(model.blocks)
-        groups = self.groups(model)
-        for g, ps in groups.items():
-            if g == "ln_f":
-                continue
-            old = self.before[g]
-            ratios[g] = _norm_sq([p - o for p, o in zip(ps, old, strict=True)]).sqrt() / _norm_sq(old).sqrt()
-        self.pending["update_ratio"] = torch.stack([ratios[f"block{i}"] for i in range(blocks)])
-        self.pending["embed_update_ratio"], self.pending["head_update_ratio"] = ratios["embed"], ratios["head"]
+        (tensors, before), self.before = self.before, None
+        weight = torch.stack(torch._foreach_norm(before, 2, dtype=torch.float32))  # each ||W_before||
+        torch._foreach_sub_(before, tensors.params)  # W_before - W_after, in place: the change's norm, no new copy
+        change = torch.stack(torch._foreach_norm(before, 2, dtype=torch.float32))
+        del before
+        ratios = [c / w for c, w in zip(tensors.pooled(change), tensors.pooled(weight), strict=True)]
+        self.pending["update_ratio"], self.pending["embed_update_ratio"], self.pending["head_update_ratio"] = ratios
         # per tensor: the pooled ratio is the big matrices'; a norm's gain or bias moves at its own rate
-        largest = []
-        for i, block in enumerate(model.blocks):
-            names = [name for name, _ in block.named_parameters()]
-            per = [_ratio(p, o) for p, o in zip(groups[f"block{i}"], self.before[f"block{i}"], strict=True)]
-            largest.append(torch.stack([torch.where(zero, 0.0, r) for r, zero in per]).max())  # of those defined
-            for name, (ratio, zero) in zip(names, per, strict=True):
-                if name.rsplit(".", 1)[0].split(".")[-1] in NORMS + QK_NORMS:
-                    key = f"{name.rsplit('.', 2)[-2]}_{name.rsplit('.', 1)[-1]}_update_ratio"
-                    self.tensor_ratios.setdefault(key, [None] * blocks)[i] = (ratio, zero)
-        for name, p, o in zip(
-            [n for n, _ in model.ln_f.named_parameters()], groups["ln_f"], self.before["ln_f"], strict=True
-        ):
-            self.tensor_ratios[f"ln_f_{name}_update_ratio"] = _ratio(p, o)
-        self.pending["update_ratio_max"] = torch.stack(largest)
-        self.before = None
+        ratio = change / weight  # inf or NaN where a tensor was all zeros: null in the record, 0 for the largest
+        defined = torch.where(weight == 0, 0.0, ratio)[: tensors.blocks * tensors.per_block]
+        self.pending["update_ratio_max"] = defined.view(tensors.blocks, tensors.per_block).amax(dim=1)
+        self.tensor_ratios = (tensors, ratio, weight)
 
     def take(self, step: int, tokens: int) -> dict:
         """The stats step's record (``stats.jsonl``'s line): the device tensors read back, at once."""
         pending, self.pending = self.pending, None
-        record = {"step": step, "tokens": tokens}
+        tensor_ratios, self.tensor_ratios = self.tensor_ratios, None
+        parts = [v.reshape(-1) for v in pending.values() if isinstance(v, torch.Tensor)]
+        if tensor_ratios is not None:
+            parts += tensor_ratios[1:]
+        numbers = torch.cat(parts).tolist()  # the stats step's one read from the device
+        record, at = {"step": step, "tokens": tokens}, 0
         for key, value in pending.items():
-            record[key] = value.tolist() if isinstance(value, torch.Tensor) else value
-        for key, value in self.tensor_ratios.items():  # None where the tensor was all zeros (a bias at its start)
-            record[key] = [_ratio_value(v) for v in value] if isinstance(value, list) else _ratio_value(value)
-        self.tensor_ratios = {}
+            if isinstance(value, torch.Tensor):
+                n = value.numel()
+                record[key] = numbers[at] if value.dim() == 0 else numbers[at : at + n]
+                at += n
+            else:
+                record[key] = value
+        if tensor_ratios is not None:  # None where the tensor was all zeros (a bias at its start)
+            tensors, count = tensor_ratios[0], len(tensor_ratios[0].params)
+            ratio, weight = numbers[at : at + count], numbers[at + count : at + 2 * count]
+            value = lambda i: None if weight[i] == 0 else ratio[i]  # noqa: E731
+            for key, where in tensors.norm_keys.items():
+                record[key] = [value(i) for i in where] if isinstance(where, list) else value(where)
         return record
 
     # -------------------------------------------------------------- the hooks of the extra forward pass
 
     def _hooks(self, model, stats: dict[str, list]) -> list:
-        def put(key, value):
-            stats.setdefault(key, []).append(value.detach())
+        def put(key, value):  # (under measure's no_grad: nothing to detach)
+            stats.setdefault(key, []).append(value)
 
         def resid(module, args):
             put("resid_rms", _rms(args[0]))
@@ -173,14 +226,18 @@ class StatsProbe:
         def norm_out(name):
             def hook(module, args, out):
                 put(f"{name}_rms", _rms(out))
-                put(f"{name}_max", out.detach().abs().max().float())
+                put(f"{name}_max", _abs_max(out))
                 if hasattr(module, "alpha"):  # DyT: how much of tanh(alpha x) sits on its flat tails
-                    put(f"{name}_saturated", ((module.alpha * args[0]).abs() > SATURATION).float().mean())
+                    saturated = (module.alpha * args[0]).abs_().gt_(SATURATION)  # 1 or 0, in place
+                    put(f"{name}_saturated", saturated.mean(dtype=torch.float32))
 
             return hook
 
         def logits(q, k):
-            logit_max, logit_mean = attention_logits(q, k)
+            T = q.shape[-2]
+            if T not in future:  # the (query, key) pairs a causal attention never reads: made once a pass
+                future[T] = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+            logit_max, logit_mean = attention_logits(q, k, future[T])
             put("attn_logit_max", logit_max)
             put("attn_logit_mean", logit_mean)
 
@@ -200,9 +257,10 @@ class StatsProbe:
             return hook
 
         pending_q: list[torch.Tensor] = []
+        future: dict[int, torch.Tensor] = {}
 
-        def head(module, args, logits):
-            put("logits_max", logits[..., : model.cfg.vocab_size].detach().float().max())
+        def head(module, args, logits):  # the largest logit, in the logits' dtype (exact), then widened
+            put("logits_max", logits[..., : model.cfg.vocab_size].max().float())
 
         heads = model.cfg.n_heads
         handles = [model.ln_f.register_forward_pre_hook(resid), model.lm_head.register_forward_hook(head)]
@@ -218,19 +276,15 @@ class StatsProbe:
         return handles
 
     @staticmethod
-    def _gains(norm, name: str, out: dict, i: int | None = None, blocks: int = 0) -> None:
-        """A norm's gain (mean, spread) and DyT's alpha, into ``out`` (per block lists built up by index)."""
-        values = {}
-        if isinstance(getattr(norm, "weight", None), torch.Tensor):
-            w = norm.weight.detach().float()
-            values["gain_mean"], values["gain_std"] = w.mean(), w.std(correction=0)
-        if isinstance(getattr(norm, "alpha", None), torch.Tensor):
-            values["alpha"] = norm.alpha.detach().float().reshape(())
-        for key, v in values.items():
-            if i is None:
-                out[f"{name}_{key}"] = v
-            else:
-                out.setdefault(f"{name}_{key}", torch.zeros(blocks, device=v.device))[i] = v
+    def _gains(norms: list, name: str, out: dict, per_block: bool = True) -> None:
+        """The gain (mean, spread) and DyT's alpha of the norm ``name`` of each block (``norms``: one per block, a
+        list in the record each), or of the final norm (``per_block`` False: a number each), into ``out``."""
+        weights, alphas = [getattr(n, "weight", None) for n in norms], [getattr(n, "alpha", None) for n in norms]
+        if all(isinstance(w, torch.Tensor) for w in weights):
+            w = (torch.stack(weights) if per_block else weights[0]).float()  # (blocks, C) or (C,)
+            out[f"{name}_gain_mean"], out[f"{name}_gain_std"] = w.mean(-1), w.std(-1, correction=0)
+        if all(isinstance(a, torch.Tensor) for a in alphas):  # a copy: the record holds alpha before the update
+            out[f"{name}_alpha"] = (torch.stack(alphas) if per_block else alphas[0].clone()).float()
 
 
 # the hooks' keys that hold a list per block, even of one block
@@ -252,13 +306,18 @@ def split_heads(qkv: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tens
     return tuple(t.view(B, T, heads, width // heads).transpose(1, 2) for t in (q, k))
 
 
-def attention_logits(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The max and mean of q.k / sqrt(hs) over every head and causal (query, key) pair; q, k (B, nh, T, hs)."""
+def attention_logits(
+    q: torch.Tensor, k: torch.Tensor, future: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The max and mean of q.k / sqrt(hs) over every head and causal (query, key) pair; q, k (B, nh, T, hs).
+    ``future``: (T, T), True above the diagonal (the keys a query never reads), if already made."""
     B, heads, T, hs = q.shape
-    logits = q.float() @ k.float().transpose(-2, -1) / math.sqrt(hs)  # (B, nh, T, T)
-    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    logits = (q.float() @ k.float().transpose(-2, -1)).div_(math.sqrt(hs))  # (B, nh, T, T)
+    if future is None:
+        future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
     pairs = B * heads * T * (T + 1) // 2  # the causal (query, key) pairs: a count, not read from the device
-    return logits.masked_fill(~causal, -math.inf).max(), logits.masked_fill(~causal, 0.0).sum() / pairs
+    largest = logits.masked_fill_(future, -math.inf).max()  # in place: no second (B, nh, T, T) tensor
+    return largest, logits.masked_fill_(future, 0.0).sum() / pairs
 
 
 class EarlyWarning:
@@ -321,3 +380,6 @@ class EarlyWarning:
 def _where(key: str, i: int, values: list) -> str:
     """Block ``i`` of a per-block list (the residual's last entry: the final norm's input)."""
     return "the final norm's input" if key == "resid_rms" and i == len(values) - 1 else f"block {i}"
+
+
+# ---------------------------------------------------------------------------------- what a stats step costs

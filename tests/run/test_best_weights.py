@@ -76,6 +76,14 @@ def test_a_best_between_checkpoints_is_written_once_as_weights_before_the_next_c
         == "it holds a best validation's weights alone (no state.pt): resume from a step-* checkpoint"
     )
     assert ckpt_io.newest_loadable(run / "checkpoints", print).name == "step-00000006"
+    # exact resume is unchanged: from step 3, the same last weights, and the best held before it still the best
+    scripted = iter([4, 4, 4])
+    monkeypatch.setattr(loop, "evaluate_loss", lambda *a, **k: (next(scripted),))
+    summary = train(load_config(run / "config.yaml"), resume=str(run / "checkpoints" / "step-00000003"))
+    again = load_file(str(run / "checkpoints/step-00000006/model.safetensors"))
+    assert all(torch.equal(again[k], ends[0][k]) for k in again)
+    assert (summary["best_val_loss"], summary["best_val_step"]) == (3, 2)
+    assert find_checkpoint(run, "best").name == "best-00000002"
 
 
 def test_a_best_superseded_by_a_checkpoints_own_best_is_never_written(tmp_path, token_set, monkeypatch):

@@ -407,9 +407,13 @@ class Trainer:
         ``train_loss`` is the mean over the steps since the last log, ``train_loss_last`` the
         log step's own."""
         p, dist, w = self.progress, self.dist, self.watch
+        measured = {  # this rank's device numbers of the record: read back with the losses and counters
+            "grad_norm": grad_norm,
+        }
         summed = dist.all_sum(torch.cat([loss_sum.float().reshape(1), w.window.sums]))  # this step's, the window's
-        read = torch.cat([summed.double(), grad_norm.double().reshape(1), w.divergence.on_device().double()]).tolist()
-        step_sum, window, norm, counts = read[0], read[1:3], read[3], read[4:]
+        local = [t.double().reshape(1) for t in measured.values()]
+        read = torch.cat([summed.double(), *local, w.divergence.on_device().double()]).tolist()  # the one read
+        (step_sum, *window), values, counts = read[:3], read[3 : 3 + len(local)], read[3 + len(local) :]
         last = step_sum / (self.reader.accum * dist.world_size)
         mean_loss = w.window.take(window)
         rate = self.watch.throughput.since_last_log(p.step)
@@ -423,7 +427,7 @@ class Trainer:
             "train_loss": mean_loss,
             "train_loss_last": last,
             "lr": lr,
-            "grad_norm": norm,
+            **dict(zip(measured, values, strict=True)),
             "tokens_per_s": rate,
             "elapsed_s": p.elapsed + self.watch.throughput.seconds(),
         }

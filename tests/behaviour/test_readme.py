@@ -210,7 +210,7 @@ def test_every_command_parses(page, monkeypatch):
 def test_ci_runs_the_readme_test_command_and_then_the_slow_tests():
     test_command = next(c for c in block_after("## On any machine") if "pytest" in c)
     pytest_args = test_command[test_command.index("pytest") + 1 :]
-    assert pytest_args == ["-m", "not slow"]
+    assert pytest_args == ["-m", "not slow", "-n", "2"]  # both cores (pytest-xdist): the budget's 2
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     runs = [shlex.split(line) for line in ci if "-m pytest" in line]
     runs = [words[words.index(".venv/bin/python") :] for words in runs]  # each after `step NAME`: it times it

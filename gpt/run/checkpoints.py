@@ -181,16 +181,21 @@ def _failing_as_checkpoint_error(root: Path, name: str):
         ) from None
 
 
+def stored_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors a weights file stores: each once (a tied weight too), under the name safetensors keeps for it
+    (the first in sorted order)."""
+    state = model.state_dict()
+    return {name: state[name] for name in (min(names) for names, _ in stored_tensors(model))}
+
+
 def host_copy(model: torch.nn.Module, into: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """The model's stored tensors (a tied weight once, under the name safetensors keeps: the first in sorted
-    order) copied to host memory, into ``into``'s buffers when given. On CUDA the buffers are pinned and the
-    copies do not wait: synchronize before reading them."""
+    """The model's stored tensors (``stored_state``) copied to host memory, into ``into``'s buffers when given.
+    On CUDA the buffers are pinned and the copies do not wait: synchronize before reading them."""
     import torch
 
-    state, out = model.state_dict(), into if into is not None else {}
-    for names, _ in stored_tensors(model):
-        name = min(names)
-        t = state[name].detach()
+    out = into if into is not None else {}
+    for name, t in stored_state(model).items():
+        t = t.detach()
         if name not in out:
             out[name] = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
         out[name].copy_(t, non_blocking=True)

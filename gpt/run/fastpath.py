@@ -51,7 +51,7 @@ def apply_tf32(enabled: bool) -> None:
     ``fp32_precision`` and its legacy flags together, so both stay readable: once ``fp32_precision`` is set
     directly, the legacy readers (``allow_tf32``, ``get_float32_matmul_precision()``) raise, and inductor's
     autotuning of a bmm calls them (tested). The model has no convolution, so cuDNN's flag is left alone."""
-    torch.set_float32_matmul_precision("high" if enabled else "highest")
+    set_fp32_precision({"cuda.matmul": "tf32" if enabled else "ieee"})
 
 
 MATMUL_PRECISION = {"tf32": "high", "ieee": "highest"}  # cuda.matmul's fp32_precision -> set_float32_matmul_precision
@@ -80,7 +80,7 @@ def set_fp32_precision(modes: dict[str, str]) -> None:
     """Set how backends compute fp32 matmuls and convolutions (``fp32_precision()``'s form; on torch < 2.9 the
     legacy flags, where only ``tf32`` or not counts)."""
     for name, mode in modes.items():
-        if name == "cuda.matmul" and mode in MATMUL_PRECISION:  # as apply_tf32: the legacy readers stay usable
+        if name == "cuda.matmul" and mode in MATMUL_PRECISION:  # both APIs set: the legacy readers stay usable
             torch.set_float32_matmul_precision(MATMUL_PRECISION[mode])
         elif hasattr(torch.backends.cuda.matmul, "fp32_precision"):
             _backend(name).fp32_precision = mode

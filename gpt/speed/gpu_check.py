@@ -15,8 +15,8 @@ left over. One that would not fit is skipped, and the summary says with how much
     compiled        GPT-2 small compiled: PyTorch and hand-rolled LayerNorm
     tests           the CUDA tests: bf16 / fp16 training, every fast-path option, exact resume, no
                     waiting for the GPU between log steps, flash attention, the norms' precision under
-                    autocast, NCCL DDP (2 GPUs), the
-                    micro-batch search, the benchmark, one compiled GPT-2 small row in its time
+                    autocast, NCCL DDP (2 GPUs), the micro-batch search, the benchmark, one compiled
+                    GPT-2 small row in its time
     norms*          each norm layer alone, eager and compiled (the norm-only benchmark)
     micro_batch*    the largest micro-batch of GPT-2 small on this GPU
     compiled_rest*  GPT-2 small compiled: the other norm types

@@ -22,7 +22,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from gpt.config import Config
-from gpt.run.checkpoints import checkpoint_interval, stored_tensors
+from gpt.run.checkpoints import checkpoint_interval, stored_state
 from gpt.speed.mfu import PEAK_BF16_TFLOPS
 from gpt.training.inside import STATS_SEQUENCES, StatsProbe
 
@@ -37,8 +37,7 @@ GIB = 2**30
 def checkpoint_bytes(model) -> tuple[int, int]:
     """(a whole checkpoint's bytes, its weights' bytes): the stored tensors once, and AdamW's two moments of
     every trainable parameter (state.pt's counters and RNG states are kilobytes)."""
-    state = model.state_dict()
-    weights = sum(state[min(names)].numel() * state[min(names)].element_size() for names, _ in stored_tensors(model))
+    weights = sum(t.numel() * t.element_size() for t in stored_state(model).values())
     moments = 2 * sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     return weights + moments, weights
 

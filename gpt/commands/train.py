@@ -81,7 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     if "--help-config" in argv:
         print(describe_fields())
         return 0
-    args = parser().parse_args(argv)
+    commands = parser()
+    args = commands.parse_args(argv)
+    if args.gpus is not None and args.gpus < 1:
+        commands.error(f"argument --gpus: {args.gpus} is not a number of GPUs (1 or more)")
     cfg = config_from_args(args)
     if args.print_config:
         print(dump_config(cfg), end="")

@@ -55,3 +55,9 @@ def test_the_dry_run_prints_them(cli):
     out = cli("train", CONFIGS / "tiny.yaml", "--dry-run", "--gpus", "2")
     assert out.returncode == 0 and "overheads on 2 GPUs" in out.stdout, out.stderr
     assert "checkpoint writes: " in out.stdout and " 1 host read, " in out.stdout  # the stats step counted
+
+
+def test_a_gpu_count_below_one_is_refused_in_one_line(cli):
+    out = cli("train", CONFIGS / "tiny.yaml", "--dry-run", "--gpus", "0")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines()[-1].endswith("argument --gpus: 0 is not a number of GPUs (1 or more)")

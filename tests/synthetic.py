@@ -139,3 +139,15 @@ def no_sync_between_log_steps(get_mode=None, set_mode=None):
         for name, fn in originals.items():
             setattr(Trainer, name, fn)
         Dist.synchronize = sync
+
+
+def checkpoint(cfg, model) -> Path:
+    """A checkpoint folder of ``model`` (step 10) as a run of ``cfg`` writes it: weights, config, record."""
+    from gpt.config import dump_config
+    from gpt.run.checkpoints import save_checkpoint
+
+    info = {"step": 10, "tokens": 100, "segments": []}
+    root = cfg.run_dir / "checkpoints"
+    return save_checkpoint(
+        root, 10, model, state={}, config_yaml=dump_config(cfg), info=info, keep_last=1, is_best=False
+    )

@@ -14,10 +14,11 @@ import ast
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 from typing import Any
 
+import gpt.config.architecture as architecture
 from gpt.common.errors import quoted
 from gpt.config.sizes import SIZES, sized
 
@@ -42,9 +43,8 @@ def declared_norm_types(source: Path = NORM_REGISTRY) -> tuple[str, ...]:
 
 
 NORM_TYPES = declared_norm_types()
-NORM_PLACEMENTS = ("pre", "post", "peri")  # where a block's norms sit (model.norm_placement)
-QK_NORMS = ("none", "head", "full")  # what QK-norm normalises over (model.qk_norm)
-NORM_COMPUTE_DTYPES = ("input", "float32")  # what a norm computes in (model.norm_compute_dtype)
+NORM_PLACEMENTS = architecture.choices("norm_placement")  # where a block's norms sit
+QK_NORMS = architecture.choices("qk_norm")  # what QK-norm normalises over
 SCHEDULES = ("cosine", "constant", "wsd")
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -115,73 +115,9 @@ class _NormTypeChoices(Sequence[str]):
 # --------------------------------------------------------------------------- sections
 
 
-@dataclass
-class ModelConfig:
-    """The network. Defaults are GPT-2 small as the write-up trained it."""
-
-    vocab_size: int = opt(50257, "tokens in the vocabulary (GPT-2 BPE: 50257)", ge=1)
-    context_length: int = opt(1024, "longest sequence; size of the learned position table", ge=1)
-    d_model: int = opt(768, "width of the residual stream", ge=1)
-    n_layers: int = opt(12, "transformer blocks", ge=1)
-    n_heads: int = opt(12, "attention heads per block; must divide d_model", ge=1)
-    size: str | None = opt(
-        None,
-        "a named size of the ladder (gpt.config.sizes: 1x64 ... 12x768 on the GPU, 1x16 ... 4x64 on the CPU): sets "
-        "n_layers, d_model and n_heads to its own; null: the three as given",
-        choices=tuple(SIZES),
-    )
-    dropout: float = opt(0.0, "dropout on embeddings, attention and residual branches", ge=0, lt=1)
-    qkv_bias: bool = opt(False, "bias on the Q/K/V projection (OpenAI GPT-2: true; write-up: false)")
-    tie_weights: bool = opt(False, "share the token embedding with the output head (GPT-2: true)")
-    norm_type: str = opt("handrolled_layernorm", "normalisation layer built by make_norm", choices=_NormTypeChoices())
-    # The norm types' own parameters (gpt.model.norms.NORM_PARAMS), one field each: same name, default and doc.
-    norm_eps: float = opt(1e-5, "eps of every norm that has one (hand-rolled and PyTorch alike)", gt=0)
-    dyt_alpha_init: float = opt(0.5, "initial alpha of the dyt norm", gt=0)
-    norm_placement: str = opt(
-        "pre",
-        "where each block's norms sit: pre: x + f(ln(x)) (GPT-2); post: ln(x + f(x)) (the original Transformer); "
-        "peri: x + ln_out(f(ln(x))) (Peri-LN: a norm before and after each sublayer, ln_1_out / ln_2_out)",
-        choices=NORM_PLACEMENTS,
-    )
-    final_norm: bool = opt(
-        True,
-        "the norm ln_f before the output head (GPT-2's; false: the head reads the last block's output, as in the "
-        "original post-LN Transformer)",
-    )
-    qk_norm: str = opt(
-        "none",
-        "QK-norm, a norm of model.qk_norm_type over the queries and keys before their dot product (keys cached "
-        "normalised): head: over each head's d_model / n_heads features, one weight shared by the heads (Qwen3, "
-        "Gemma 3); full: over the whole d_model-wide projection before the split into heads (OLMo 2); none. "
-        "true in a config written before, reads as head with qk_norm_type = model.norm_type (what it built)",
-        choices=QK_NORMS,
-    )
-    qk_norm_type: str = opt(
-        "pytorch_rmsnorm",
-        "the norm type of QK-norm (the literature's: RMSNorm), any registered norm type but no_norm",
-        choices=_NormTypeChoices(),
-    )
-    norm_compute_dtype: str = opt(
-        "float32",
-        "the dtype a norm computes in under autocast: float32: every norm computes in fp32 and returns its input's "
-        "dtype, so hand-rolled and PyTorch norms (which autocast runs in fp32) see the same input; input: its "
-        "input's (bf16 for peri's output norms and QK-norm, where hand-rolled norms then take their statistics in "
-        "bf16). Pre and post without QK-norm read the fp32 residual stream: there the two are the same model",
-        choices=NORM_COMPUTE_DTYPES,
-    )
-    init: str = opt(
-        "pytorch",
-        "pytorch: PyTorch's default init (the write-up); "
-        "gpt2: normal(0, 0.02), residual projections / sqrt(2 * n_layers)",
-        choices=("pytorch", "gpt2"),
-    )
-    init_seed: int | None = opt(None, "seed of the initial weights; null: use train.seed", ge=0)
-    vocab_pad_multiple: int = opt(
-        1,
-        "pad the output head to a multiple of this many rows (64: faster "
-        "matmuls; padded logits are dropped before the loss, never predicted); 1: none",
-        ge=1,
-    )
+class ModelRules:
+    """What a model config is besides its fields (``gpt.config.architecture.OPTIONS``, one each): the head's rows,
+    the rules between fields, the reading of older configs."""
 
     @property
     def padded_vocab_size(self) -> int:
@@ -210,23 +146,24 @@ class ModelConfig:
 
     @classmethod
     def upgrade(cls, data: dict) -> dict:
-        """A model section as written before its keys changed, in today's words with the same meaning:
-        ``qk_norm: true`` was a head-wise QK-norm of model.norm_type, ``false`` none; with ``size`` (a rung of
-        ``gpt.config.sizes``) its n_layers, d_model and n_heads. ``norm_compute_dtype: input`` (the default before
-        float32) where every norm reads the fp32 residual stream (pre or post, no QK-norm) is float32: the same
-        bits, so such runs stay comparable with today's."""
-        data = sized(data)  # a named size sets its three keys, whatever the config files gave them
-        if isinstance(data.get("qk_norm"), bool):
-            data = dict(data)
-            if data.pop("qk_norm"):
-                data["qk_norm"] = "head"
-                data.setdefault("qk_norm_type", data.get("norm_type", cls.norm_type))
-            else:
-                data["qk_norm"] = "none"
-        moot = data.get("norm_placement", "pre") in ("pre", "post") and data.get("qk_norm", "none") == "none"
-        if moot and data.get("norm_compute_dtype") == "input":
-            data = {**data, "norm_compute_dtype": "float32"}
-        return data
+        """A model section in today's words (``architecture.upgrade``: the one reading of older keys), with
+        ``size`` (a rung of ``gpt.config.sizes``) applied: its n_layers, d_model and n_heads."""
+        return architecture.upgrade(sized(data))
+
+
+_CHOICES = {architecture.NORM_TYPES: _NormTypeChoices(), architecture.SIZES: tuple(SIZES)}
+
+# The network, one field per option of the architecture spec. Defaults are GPT-2 small as the write-up trained it.
+ModelConfig = make_dataclass(
+    "ModelConfig",
+    [
+        (o.key, o.type, opt(o.default, o.doc, choices=_CHOICES.get(o.choices, o.choices), **o.bounds))
+        for o in architecture.OPTIONS
+    ],
+    bases=(ModelRules,),
+)
+ModelConfig.__module__ = __name__  # where pickle and reprs find it
+ModelConfig.__doc__ = "The network: one field per option of ``gpt.config.architecture``. Defaults: GPT-2 small."
 
 
 @dataclass

@@ -23,14 +23,15 @@ passes neither and takes the plain causal path.
 
 This file is shipped verbatim to the Hub beside ``norms.py`` and ``loss.py`` (the published
 model's remote code wraps this very ``GPT``), so it imports torch and its two siblings only.
-``cfg`` is a ``gpt.config.ModelConfig``, or any object with its fields (without the keys of
-``NORM_LAYOUT``: their defaults, the model as it was before they existed).
+``cfg`` is a ``gpt.config.ModelConfig``, or any object with its fields: every option of
+``gpt.config.architecture`` (a published config.json's, completed by its ``from_hub``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn as nn
@@ -39,34 +40,14 @@ import torch.nn.functional as F
 from .loss import cross_entropy
 from .norms import is_norm, make_norm
 
-NORM_PLACEMENTS = ("pre", "post", "peri")  # model.norm_placement's choices (gpt.config holds a copy)
-QK_NORMS = ("none", "head", "full")  # model.qk_norm's (gpt.config holds a copy)
-# Where and how the norms are applied: each key's value in a config written before it existed (the model it built).
-# A published config.json carries them all (gpt.model.hub_keys).
-NORM_LAYOUT = {
-    "norm_placement": "pre",
-    "final_norm": True,
-    "qk_norm": "none",
-    "qk_norm_type": "pytorch_rmsnorm",
-    "norm_compute_dtype": "input",
-}
 
+class Context(NamedTuple):
+    """What attention reads besides x, passed to every block by keyword: ``mask`` (B or 1, 1, T, S) True where a
+    query may read a key (None: causal over x alone, or, after a cache's S - T tokens, one new token reading them
+    all), and ``cache`` (a ``KVCache`` or a transformers ``Cache``: the tokens read before; None in training)."""
 
-def layout_value(cfg, key: str):
-    """``cfg``'s ``key`` of ``NORM_LAYOUT``, its default where ``cfg`` has none."""
-    value = getattr(cfg, key, None)
-    return NORM_LAYOUT[key] if value is None else value
-
-
-def qk_norm_of(cfg) -> tuple[str, str]:
-    """(what QK-norm normalises over, its norm type). A config written before ``qk_norm_type`` said
-    ``qk_norm: true`` for a head-wise norm of ``norm_type`` and ``false`` for none."""
-    mode = layout_value(cfg, "qk_norm")
-    if isinstance(mode, bool):
-        return ("head", cfg.norm_type) if mode else ("none", "")
-    if mode not in QK_NORMS:
-        raise ValueError(f"unknown qk_norm {mode!r}; valid: {', '.join(QK_NORMS)}")
-    return mode, layout_value(cfg, "qk_norm_type")
+    mask: torch.Tensor | None = None
+    cache: Any = None
 
 
 def normed(norm: nn.Module, x: torch.Tensor, upcast: bool) -> torch.Tensor:
@@ -77,24 +58,35 @@ def normed(norm: nn.Module, x: torch.Tensor, upcast: bool) -> torch.Tensor:
     return norm(x.float()).to(x.dtype) if upcast and x.dtype.itemsize < 4 else norm(x)
 
 
+class Scores(nn.Module):
+    """The queries and keys exactly as the attention's dot product reads them, (B, nh, T, hs) each: a no-op that
+    names the place, so that what reads the attention logits (the statistics probe's hook) follows whatever the
+    attention does to q and k first (QK-norm here; a rotation or a scale in an option of yours)."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return q, k
+
+
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, layer: int = 0):
         super().__init__()
-        self.n_heads = cfg.n_heads
+        self.n_heads, self.layer = cfg.n_heads, layer  # layer: this block's entry in a cache
         self.dropout = cfg.dropout
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.qkv_bias)  # q, k, v at once
-        self.qk_norm, qk_type = qk_norm_of(cfg)
-        self.upcast = layout_value(cfg, "norm_compute_dtype") == "float32"
+        self.qk_norm = cfg.qk_norm
+        self.upcast = cfg.norm_compute_dtype == "float32"
         if self.qk_norm != "none":  # one norm of the queries, one of the keys: per head (hs wide) or over all C
-            width = cfg.d_model // cfg.n_heads if self.qk_norm == "head" else cfg.d_model
-            self.q_norm = make_norm(cfg, width, norm_type=qk_type)
-            self.k_norm = make_norm(cfg, width, norm_type=qk_type)
+            width = {"head": cfg.d_model // cfg.n_heads, "full": cfg.d_model}.get(self.qk_norm)
+            if width is None:
+                raise ValueError(f"qk_norm {self.qk_norm!r} has no attention; these have: none, head, full")
+            self.q_norm = make_norm(cfg, width, norm_type=cfg.qk_norm_type)
+            self.k_norm = make_norm(cfg, width, norm_type=cfg.qk_norm_type)
+        self.scores = Scores()
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)  # residual projection
         self.resid_drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache=None, layer: int = 0) -> torch.Tensor:
-        """x (B, T, C) -> (B, T, C). ``mask`` (B or 1, 1, T, S) True where a query may read a key; None:
-        causal over x alone, or, after a cache's S - T tokens, one new token reading them all."""
+    def forward(self, x: torch.Tensor, *, ctx: Context) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C)."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
         # QK-norm before the cache, so the cached keys are normalised ones; in v's dtype again, as autocast
@@ -105,15 +97,16 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in (q, k, v))
         if self.qk_norm == "head":  # over each head's hs features, one weight for all heads (Qwen3, Gemma 3)
             q, k = normed(self.q_norm, q, self.upcast).to(v.dtype), normed(self.k_norm, k, self.upcast).to(v.dtype)
-        if cache is not None:
-            k, v = cache.update(k, v, layer)  # (B, nh, S, hs): the cached tokens', then these
+        if ctx.cache is not None:
+            k, v = ctx.cache.update(k, v, self.layer)  # (B, nh, S, hs): the cached tokens', then these
+        q, k = self.scores(q, k)
         y = F.scaled_dot_product_attention(
             q,
             k,
             v,
-            attn_mask=mask,
+            attn_mask=ctx.mask,
             dropout_p=self.dropout if self.training else 0.0,
-            is_causal=mask is None and k.shape[2] == T,
+            is_causal=ctx.mask is None and k.shape[2] == T,
         )  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
         return self.resid_drop(self.proj(y))
@@ -139,14 +132,14 @@ class Block(nn.Module):
     peri: x = x + ln_1_out(attn(ln_1(x)));  x = x + ln_2_out(mlp(ln_2(x)))  (Peri-LN: before and after)
     """
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, layer: int = 0):
         super().__init__()
-        self.placement = layout_value(cfg, "norm_placement")
-        self.upcast = layout_value(cfg, "norm_compute_dtype") == "float32"
-        if self.placement not in NORM_PLACEMENTS:
-            raise ValueError(f"unknown norm_placement {self.placement!r}; valid: {', '.join(NORM_PLACEMENTS)}")
+        self.placement = cfg.norm_placement
+        if self.placement not in ("pre", "post", "peri"):  # the ones forward builds
+            raise ValueError(f"norm_placement {self.placement!r} has no block; these have: pre, post, peri")
+        self.upcast = cfg.norm_compute_dtype == "float32"
         self.ln_1 = make_norm(cfg)
-        self.attn = CausalSelfAttention(cfg)
+        self.attn = CausalSelfAttention(cfg, layer)
         if self.placement == "peri":
             self.ln_1_out = make_norm(cfg)  # on the attention's output, before it joins the residual stream
         self.ln_2 = make_norm(cfg)
@@ -154,17 +147,20 @@ class Block(nn.Module):
         if self.placement == "peri":
             self.ln_2_out = make_norm(cfg)  # on the MLP's output
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache=None, layer: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, ctx: Context) -> torch.Tensor:
         def n(norm, t):
             return normed(norm, t, self.upcast)
 
+        def attn(t):
+            return self.attn(t, ctx=ctx)
+
         if self.placement == "post":  # the residual stream itself is normalised after each sum
-            x = n(self.ln_1, x + self.attn(x, mask, cache, layer))
+            x = n(self.ln_1, x + attn(x))
             return n(self.ln_2, x + self.mlp(x))
         if self.placement == "peri":  # what each sublayer adds is normalised; the stream never is
-            x = x + n(self.ln_1_out, self.attn(n(self.ln_1, x), mask, cache, layer))
+            x = x + n(self.ln_1_out, attn(n(self.ln_1, x)))
             return x + n(self.ln_2_out, self.mlp(n(self.ln_2, x)))
-        x = x + self.attn(n(self.ln_1, x), mask, cache, layer)
+        x = x + attn(n(self.ln_1, x))
         return x + self.mlp(n(self.ln_2, x))
 
 
@@ -231,11 +227,11 @@ class GPT(nn.Module):
             self.wte = nn.Embedding(rows if cfg.tie_weights else cfg.vocab_size, cfg.d_model)  # token embeddings
             self.wpe = nn.Embedding(cfg.context_length, cfg.d_model)  # learned positions
             self.drop = nn.Dropout(cfg.dropout)
-            self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+            self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
             # the norm before the output head (model.final_norm), in every placement: after post-norm it
             # normalises the last block's normalised output again; without it the head reads that output
-            self.ln_f = make_norm(cfg) if layout_value(cfg, "final_norm") else nn.Identity()
-            self.upcast = layout_value(cfg, "norm_compute_dtype") == "float32"
+            self.ln_f = make_norm(cfg) if cfg.final_norm else nn.Identity()
+            self.upcast = cfg.norm_compute_dtype == "float32"
             self.lm_head = nn.Linear(cfg.d_model, rows, bias=False)
         if cfg.tie_weights:
             self.lm_head.weight = self.wte.weight
@@ -300,6 +296,10 @@ class GPT(nn.Module):
 
     # --------------------------------------------------------------- forward
 
+    def embeddings(self) -> list[nn.Module]:
+        """The tables the input is looked up in: the tokens', and the learned positions'."""
+        return [self.wte, self.wpe]
+
     def num_params(self, norms: bool = True) -> int:
         """Parameter count, a tied weight counted once, vocabulary padding not at all. ``norms=False``
         leaves out the norm layers: the count that sets a run's length (``train.tokens_per_param``),
@@ -351,10 +351,10 @@ class GPT(nn.Module):
                 f"position {int(position_ids.max())} is past the model's last, model.context_length - 1 = "
                 f"{self.cfg.context_length - 1}"
             )
-        mask = visible_keys(T, past, keep, idx.device)
+        ctx = Context(visible_keys(T, past, keep, idx.device), cache)
         x = self.drop(self.wte(idx) + self.wpe(position_ids))  # (B, T, C)
-        for i, block in enumerate(self.blocks):
-            x = block(x, mask, cache, i)
+        for block in self.blocks:
+            x = block(x, ctx=ctx)
         logits = self.lm_head(normed(self.ln_f, x, self.upcast))  # (B, T, V), or (B, T, padded V)
         if logits.shape[-1] > self.cfg.vocab_size:
             logits = logits[..., : self.cfg.vocab_size]  # padded logits are never predicted nor scored

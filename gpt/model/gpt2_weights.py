@@ -1,11 +1,11 @@
 """Weight conversion between ``gpt.model.gpt.GPT`` and transformers' ``GPT2LMHeadModel`` (the config's
-shape under GPT-2's names comes from ``gpt.model.hub_keys``).
+shape under GPT-2's names, and which values GPT-2 computes, come from ``gpt.config.architecture``).
 
 Both directions come from one table of names. transformers' GPT-2 stores its linear
 layers as ``Conv1D`` with weights of shape (in, out); ours are ``nn.Linear``, (out, in),
-so those are transposed. Only pre-norm LayerNorm models without QK-norm map onto GPT-2
-(``pytorch_layernorm`` and the hand-rolled LayerNorms compute the same function with the same
-parameter names; ``gpt2_mismatch`` says what else keeps a model from it).
+so those are transposed. Only the models whose every option has a value GPT-2 computes map onto it
+(the spec's ``gpt2`` of each option: a pre-norm LayerNorm model without QK-norm; ``pytorch_layernorm``
+and the hand-rolled LayerNorms compute the same function with the same parameter names).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from gpt.config import ModelConfig
+from gpt.config.architecture import BY_KEY, gpt2_mismatch
 from gpt.model.gpt import GPT, VOCAB_ROWS
-from gpt.model.hub_keys import shape_from_hub, shape_to_hub
 
 # (our name, transformers' name, transpose?) for one block; i is the block index.
 _BLOCK_KEYS = [
@@ -40,7 +40,21 @@ _TOP_KEYS = [
     ("ln_f.bias", "transformer.ln_f.bias", False),
     ("lm_head.weight", "lm_head.weight", False),
 ]
-HF_COMPATIBLE_NORMS = ("pytorch_layernorm", "handrolled_layernorm", "handrolled_layernorm_fast")
+# the options GPT2Config names as this harness's config.json does (n_embd, n_layer, ...)
+SHAPE = ("vocab_size", "context_length", "d_model", "n_layers", "n_heads", "tie_weights")
+
+
+def shape_to_hub(cfg) -> dict:
+    """The shape's fields of a model config, under transformers' keys."""
+    return {BY_KEY[k].hub: getattr(cfg, k) for k in SHAPE}
+
+
+def shape_from_hub(config, **defaults) -> dict:
+    """The shape's fields, by our names, of a transformers config; ``defaults`` by its key, where it may lack one."""
+    keys = {k: BY_KEY[k].hub for k in SHAPE}
+    return {
+        k: getattr(config, key, defaults[key]) if key in defaults else getattr(config, key) for k, key in keys.items()
+    }
 
 
 def _key_table(n_layers: int) -> list[tuple[str, str, bool]]:
@@ -65,31 +79,11 @@ def model_config_from_hf(hf_config: Any, norm_type: str = "pytorch_layernorm") -
     )
 
 
-def gpt2_mismatch(cfg: ModelConfig) -> tuple[str, str] | None:
-    """What keeps ``GPT2LMHeadModel`` (LayerNorm, pre-norm, no QK-norm) from computing ``cfg``'s model, and
-    what it allows instead, in words; None where nothing does."""
-    if cfg.norm_type not in HF_COMPATIBLE_NORMS:
-        wrong = f"GPT2LMHeadModel has LayerNorm only, and this model's norm is {cfg.norm_type}"
-        return wrong, ", ".join(HF_COMPATIBLE_NORMS)
-    if cfg.norm_placement != "pre" or cfg.qk_norm != "none" or not cfg.final_norm:
-        return (
-            f"GPT2LMHeadModel is pre-norm with a final norm and without QK-norm, and this model has norm_placement "
-            f"{cfg.norm_placement}, final_norm {str(cfg.final_norm).lower()} and qk_norm {cfg.qk_norm}",
-            "norm_placement pre, final_norm true and qk_norm none",
-        )
-    return None
-
-
 def hf_config_kwargs(cfg: ModelConfig) -> dict:
     """Keyword arguments of a transformers ``GPT2Config`` with the same shape as ``cfg``."""
-    if cfg.norm_type not in HF_COMPATIBLE_NORMS:
-        raise ValueError(
-            f"norm_type {cfg.norm_type!r} has no GPT2LMHeadModel equivalent; "
-            f"convertible: {', '.join(HF_COMPATIBLE_NORMS)}"
-        )
     mismatch = gpt2_mismatch(cfg)
     if mismatch is not None:
-        raise ValueError(f"{mismatch[0]}; convertible: {mismatch[1]}")
+        raise ValueError(mismatch)
     return dict(
         **shape_to_hub(cfg),
         layer_norm_epsilon=cfg.norm_eps,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gpt.config import Config
+from gpt.config.architecture import phrases
 from gpt.model.gpt import GPT
 
 
@@ -15,11 +16,7 @@ def model_summary(cfg: Config, model: GPT) -> str:
             f"run {cfg.run.name} -> {cfg.run_dir}",
             f"model: {f'size {m.size}: ' if m.size else ''}{m.n_layers} layers x d_model {m.d_model} x "
             f"{m.n_heads} heads, context {m.context_length}, vocab {m.vocab_size}, "
-            f"norm {m.norm_type} ({m.norm_placement}-norm, "
-            f"{'' if m.final_norm else 'no final norm, '}"
-            f"QK-norm {m.qk_norm + ' ' + m.qk_norm_type if m.qk_norm != 'none' else 'off'}"
-            f"{', norms in their input dtype' if m.norm_compute_dtype == 'input' else ''}), "
-            f"init {m.init} (seed {cfg.init_seed})",
+            f"norm {m.norm_type} ({', '.join(phrases(m) or ['pre-norm'])}), init {m.init} (seed {cfg.init_seed})",
             f"parameters: {n_params:,} ({n_params - outside_norms:,} in norm layers)",
             f"batch: {t.global_batch_size} sequences = {cfg.tokens_per_step:,} tokens per optimizer step "
             f"(micro-batch {t.micro_batch_size}), precision {t.precision}",

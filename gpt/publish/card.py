@@ -16,24 +16,12 @@ from dataclasses import dataclass, field
 import yaml
 
 from gpt.config import Config
+from gpt.config.architecture import phrases, words
 from gpt.evaluation.tasks import TASKS
 from gpt.publish.layouts import Layout
 from gpt.run.distributed import PEAK_MEMORY, peak_memory_of
 
 LICENSE = "mit"
-
-# model.norm_placement in words: where each block's norms sit
-PLACEMENTS = {
-    "pre": "pre-norm (each block: x + f(norm(x)), as GPT-2)",
-    "post": "post-norm (each block: norm(x + f(x)), as the original Transformer)",
-    "peri": "peri-norm (each block: x + norm(f(norm(x))), a norm before and after each sublayer)",
-}
-# model.qk_norm in words, of its norm type
-QK_NORM_WORDS = {
-    "none": "no QK-norm",
-    "head": "QK-norm: `{type}` over each head's queries and keys, one weight shared by the heads",
-    "full": "QK-norm: `{type}` over the whole query and key projections, before the split into heads",
-}
 
 
 @dataclass
@@ -118,14 +106,7 @@ def model_lines(cfg: Config, f: CardFacts) -> list[str]:
         f"- GPT-2-style decoder, {m.n_layers} layers, d_model {m.d_model}, {m.n_heads} heads, context "
         f"{m.context_length}, vocabulary {m.vocab_size:,} (GPT-2 BPE): {f.n_params:,} parameters "
         f"({'tied' if m.tie_weights else 'untied'} embeddings, Q/K/V bias {'on' if m.qkv_bias else 'off'}).",
-        f"- Norm layer: **`{m.norm_type}`** (eps {m.norm_eps:g}), {PLACEMENTS[m.norm_placement]}, "
-        + ("and before the head; " if m.final_norm else "none before the head; ")
-        + QK_NORM_WORDS[m.qk_norm].format(type=m.qk_norm_type)
-        + (
-            "; every norm computes in its input's dtype (bf16 where a matmul wrote it)."
-            if m.norm_compute_dtype == "input"
-            else "."
-        ),
+        f"- Norm layer: **`{m.norm_type}`** (eps {m.norm_eps:g}); {'; '.join(words(m))}.",
         f"- Training: {_fmt(f.step, ',')} steps of {cfg.tokens_per_step:,} tokens ({_fmt(f.tokens, ',')} tokens), "
         f"AdamW (lr {o.lr:g}, betas {o.beta1:g}/{o.beta2:g}, weight decay {o.weight_decay:g}), "
         f"{o.warmup_frac:.0%} linear warmup then {o.schedule} to {o.min_lr:g}, precision "
@@ -238,13 +219,8 @@ def usage_lines(f: CardFacts) -> list[str]:
 
 
 def _variant(cfg: Config) -> str:
-    """Where and how the norms are applied, where it is not the default (pre-norm, a final norm, no QK-norm)."""
-    m = cfg.model
-    words = [f"{m.norm_placement}-norm"] if m.norm_placement != "pre" else []
-    words += [] if m.final_norm else ["no final norm"]
-    words += [f"QK-norm ({m.qk_norm}, {m.qk_norm_type})"] if m.qk_norm != "none" else []
-    words += ["norms in their input dtype"] if m.norm_compute_dtype == "input" else []
-    return "".join(f", {w}" for w in words)
+    """The model's options that are not GPT-2's own (pre-norm, a final norm, no QK-norm, ...), in short words."""
+    return "".join(f", {w}" for w in phrases(cfg.model))
 
 
 def card_text(cfg: Config, f: CardFacts) -> str:

@@ -3,7 +3,8 @@
 - ``Layout.REMOTE_CODE`` (every norm type): the harness's parameter names under the prefix
   ``gpt.``, the thin transformers wrapper from ``hub_code/`` (``modeling_gpt_norm.py``,
   ``configuration_gpt_norm.py``) and verbatim copies of the model's own files
-  (``gpt/model/gpt.py``, ``norms.py``, ``loss.py``, ``hub_keys.py``): the published network is the trained one.
+  (``gpt/model/gpt.py``, ``norms.py``, ``loss.py``) and of the architecture spec (``gpt/config/architecture.py``:
+  how config.json's keys read): the published network is the trained one.
   Loads with ``AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True)``.
 - ``Layout.NATIVE_GPT2`` (pre-norm LayerNorm models without QK-norm only): the stock ``GPT2LMHeadModel``
   layout, no code.
@@ -25,16 +26,15 @@ from safetensors.torch import load_file
 from gpt.common.errors import first_line
 from gpt.common.files import copy_atomically, read_json
 from gpt.config import Config, config_from_dict, config_to_dict
+from gpt.config.architecture import gpt2_mismatch, to_hub
 from gpt.data.tokenizer import EOT_TOKEN
 from gpt.model.gpt import GPT, VOCAB_ROWS
 from gpt.model.gpt2_weights import (
-    gpt2_mismatch,
     hf_config_kwargs,
     model_config_from_hf,
     state_dict_from_hf,
     state_dict_to_hf,
 )
-from gpt.model.hub_keys import model_to_hub
 from gpt.publish.hub_api import HubError
 from gpt.run.checkpoints import MODEL_FILE
 
@@ -48,8 +48,14 @@ class Layout(enum.Enum):
 
 HUB_CODE = Path(__file__).parent / "hub_code"  # the transformers wrapper: config and model classes
 WRAPPER_FILES = ("configuration_gpt_norm.py", "modeling_gpt_norm.py")
-MODEL_DIR = Path(__file__).parents[1] / "model"
-MODEL_FILES = ("gpt.py", "norms.py", "loss.py", "hub_keys.py")  # shipped verbatim: the wrapper imports the model itself
+PACKAGE = Path(__file__).parents[1]
+# shipped verbatim, by their name on the Hub: the wrapper imports the model itself, and reads config.json by the spec
+SHIPPED = {
+    "gpt.py": PACKAGE / "model" / "gpt.py",
+    "norms.py": PACKAGE / "model" / "norms.py",
+    "loss.py": PACKAGE / "model" / "loss.py",
+    "architecture.py": PACKAGE / "config" / "architecture.py",
+}
 REMOTE_PREFIX = "gpt."  # the wrapper holds the harness's GPT as ``self.gpt``
 
 
@@ -69,10 +75,7 @@ def export_weights(cfg: Config, sd: dict[str, torch.Tensor], layout: Layout) -> 
     if layout is Layout.NATIVE_GPT2:
         mismatch = gpt2_mismatch(m)
         if mismatch is not None:
-            wrong, allowed = mismatch
-            raise HubError(
-                f"--native-gpt2: {wrong}; publish it with remote code (without --native-gpt2); native: {allowed}"
-            )
+            raise HubError(f"--native-gpt2: {mismatch}; publish it with remote code (without --native-gpt2)")
         out = state_dict_to_hf(sd, m)
     else:
         out = {k: v[: m.vocab_size] if k in VOCAB_ROWS else v for k, v in sd.items()}
@@ -98,7 +101,7 @@ def remote_config(cfg: Config) -> dict:
             "AutoConfig": "configuration_gpt_norm.GPTNormConfig",
             "AutoModelForCausalLM": "modeling_gpt_norm.GPTNormForCausalLM",
         },
-        **model_to_hub(m),  # the one mapping of a model config to config.json keys
+        **to_hub(m),  # every exported option, under its config.json key (gpt.config.architecture)
         **special_tokens(m.vocab_size),
         "use_cache": True,
         "dtype": "float32",
@@ -128,9 +131,9 @@ def write_code(folder: Path) -> list[str]:
     """The remote-code layout's Python files: the wrapper, and the model's own files as they are."""
     for name in WRAPPER_FILES:
         copy_atomically(HUB_CODE / name, folder / name)
-    for name in MODEL_FILES:
-        copy_atomically(MODEL_DIR / name, folder / name)
-    return [*WRAPPER_FILES, *MODEL_FILES]
+    for name, source in SHIPPED.items():
+        copy_atomically(source, folder / name)
+    return [*WRAPPER_FILES, *SHIPPED]
 
 
 def load_published(folder: Path):

@@ -7,10 +7,11 @@ On a stats step, after the backward pass and before the optimizer's update (``St
    gradients, in eval mode (no dropout, so no random number is drawn) and under the run's autocast,
    with forward hooks that exist for that pass only: the residual stream entering each block, each
    norm's output (peri-norm's output norms too), DyT's saturation, the attention logits (q.k / sqrt(hs),
-   recomputed on the first ``ATTENTION_SEQUENCES`` sequences from the q and k the attention reads: the qkv
-   projection's output, or with QK-norm the outputs of q_norm and k_norm) and the output logits;
-2. each block's gradient norm (the all-reduced gradients, before clipping), the embeddings' and the
-   head's;
+   recomputed on the first ``ATTENTION_SEQUENCES`` sequences from the q and k the dot product reads: the input of
+   each attention's ``Scores``, after whatever the attention did to them, QK-norm or an option's; an attention
+   without one has its logits recorded as null, not measured) and the output logits;
+2. each block's gradient norm (the all-reduced gradients, before clipping), the embeddings' (the tables the
+   model's ``embeddings()`` names: positions only where it has a table of them) and the head's;
 3. a copy of the weights, so that once the optimizer has stepped, ``||W_after - W_before|| / ||W_before||``:
    pooled over each block's parameters (dominated by its big matrices), the largest of its tensors'
    (``update_ratio_max``), and each norm tensor's own (``ln_1_weight_update_ratio``, ``q_norm_weight_...``,
@@ -41,12 +42,14 @@ from contextlib import ExitStack
 
 import torch
 
+from gpt.model.gpt import Scores
+
 STATS_SEQUENCES = 4  # the extra forward pass reads this many sequences of the micro-batch (its logits: B x T x V)
 ATTENTION_SEQUENCES = 2  # the attention logits are (B, nh, T, T): measured on this many of those
 SATURATION = 2.0  # DyT's tanh(alpha x) is saturated past |alpha x| > 2 (tanh(2) = 0.96)
 # each block's norms (ln_1_out, ln_2_out: peri-norm's, on each sublayer's output); the final one is ln_f
 NORMS = ("ln_1", "ln_2", "ln_1_out", "ln_2_out")
-QK_NORMS = ("q_norm", "k_norm")  # QK-norm's, in a block's attention
+QK_NORM_LAYERS = ("q_norm", "k_norm")  # QK-norm's, in a block's attention
 WATCHED = ("resid_rms", "attn_logit_max")  # the statistics EarlyWarning compares with their recent values
 # Growth is measured from at least this: near-uniform attention at initialisation has logits of ~1-3, and their
 # first growth (to 20-30 within ten steps, as attention learns where to look) is training, not a blow-up.
@@ -95,7 +98,7 @@ class _Tensors:
         for i, block in enumerate(model.blocks):
             for j, (name, _) in enumerate(block.named_parameters()):
                 module, param = name.rsplit(".", 1)
-                if module.split(".")[-1] in NORMS + QK_NORMS:
+                if module.split(".")[-1] in NORMS + QK_NORM_LAYERS:
                     key = f"{module.split('.')[-1]}_{param}_update_ratio"
                     self.norm_keys.setdefault(key, [0] * self.blocks)[i] = i * self.per_block + j
         for j, (name, _) in enumerate(model.ln_f.named_parameters()):
@@ -126,7 +129,7 @@ class StatsProbe:
         """The parameters each gradient norm and update ratio is over: each block, the embeddings, the head
         (with tied weights the head's matrix is the token embedding's: both groups hold it)."""
         out = {f"block{i}": list(b.parameters()) for i, b in enumerate(model.blocks)}
-        out["embed"] = [model.wte.weight, model.wpe.weight]
+        out["embed"] = [p for table in model.embeddings() for p in table.parameters()]
         out["head"] = [model.lm_head.weight]
         out["ln_f"] = list(model.ln_f.parameters())  # per tensor only (no pooled ratio: it is one norm)
         return out
@@ -151,6 +154,8 @@ class StatsProbe:
         for key, values in stats.items():
             out[key] = flat[at : at + len(values)] if len(values) > 1 or key in _PER_BLOCK else flat[at]
             at += len(values)
+        for key in ("attn_logit_max", "attn_logit_mean"):
+            out.setdefault(key, None)  # an attention without Scores: not measured for this model
         tensors = _Tensors(model)
         # every tensor's gradient norm in one grouped op; a block's is the norm of its tensors' norms
         missing = [p for p in tensors.params if p.grad is None]
@@ -241,38 +246,21 @@ class StatsProbe:
             put("attn_logit_max", logit_max)
             put("attn_logit_mean", logit_mean)
 
-        def attention(module, args, qkv):  # without QK-norm: q and k as the projection gives them
-            logits(*split_heads(qkv[:ATTENTION_SEQUENCES], heads))
+        def scores(module, args, out):  # q, k (B, nh, T, hs) as the dot product reads them
+            logits(*(t[:ATTENTION_SEQUENCES] for t in out))
 
-        def normalised(which):  # with QK-norm: q_norm's output, then k_norm's (the order attention calls them)
-            def hook(module, args, out):
-                out = out[:ATTENTION_SEQUENCES].to(args[0].dtype)  # the dtype attention reads them in
-                if out.dim() == 3:  # QK-norm over the whole projection (B, T, C): then split into heads
-                    out = out.view(*out.shape[:2], heads, -1).transpose(1, 2)
-                if which == "q":
-                    pending_q.append(out)
-                else:
-                    logits(pending_q.pop(), out)
-
-            return hook
-
-        pending_q: list[torch.Tensor] = []
         future: dict[int, torch.Tensor] = {}
 
         def head(module, args, logits):  # the largest logit, in the logits' dtype (exact), then widened
             put("logits_max", logits[..., : model.cfg.vocab_size].max().float())
 
-        heads = model.cfg.n_heads
         handles = [model.ln_f.register_forward_pre_hook(resid), model.lm_head.register_forward_hook(head)]
         handles.append(model.ln_f.register_forward_hook(norm_out("ln_f")))
         for block in model.blocks:
             handles.append(block.register_forward_pre_hook(resid))
             handles += [getattr(block, n).register_forward_hook(norm_out(n)) for n in block_norms(block)]
-            if block.attn.qk_norm != "none":
-                handles.append(block.attn.q_norm.register_forward_hook(normalised("q")))
-                handles.append(block.attn.k_norm.register_forward_hook(normalised("k")))
-            else:
-                handles.append(block.attn.qkv.register_forward_hook(attention))
+            taps = [m for m in block.modules() if isinstance(m, Scores)]
+            handles += [tap.register_forward_hook(scores) for tap in taps[:1]]
         return handles
 
     @staticmethod
@@ -296,14 +284,6 @@ _PER_BLOCK = {"resid_rms", "attn_logit_max", "attn_logit_mean"} | {
 def block_norms(block) -> list[str]:
     """The names of a block's norms (``NORMS``: two, four under peri-norm)."""
     return [n for n in NORMS if hasattr(block, n)]
-
-
-def split_heads(qkv: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """q and k (B, nh, T, hs) of the attention's input projection ``qkv`` (B, T, 3C), as ``CausalSelfAttention``
-    splits it."""
-    B, T, width = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
-    q, k, _ = qkv.split(width, dim=2)
-    return tuple(t.view(B, T, heads, width // heads).transpose(1, 2) for t in (q, k))
 
 
 def attention_logits(

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from gpt.publish.layouts import MODEL_FILES
+from gpt.publish.layouts import SHIPPED as SHIPPED_FILES
 from gpt.run.directory import CHARTS
 
 PACKAGE = ROOT / "gpt"
@@ -27,7 +27,8 @@ PACKAGE = ROOT / "gpt"
 WINGS = ["common", "config", "model", "data", "run", "evaluation", "training", "speed", "publish", "analysis",
          "sweep", "commands"]  # fmt: skip
 TORCH_FREE = ["common", "config"]  # checked before anything heavy loads
-SHIPPED = [f"model.{name.removesuffix('.py')}" for name in MODEL_FILES]  # copied verbatim to the Hub
+# copied verbatim to the Hub, as their module names
+SHIPPED = [".".join(path.relative_to(PACKAGE).with_suffix("").parts) for path in SHIPPED_FILES.values()]
 SHARED_BY_COMMANDS = "commands.cli"  # the one module of commands/ that commands import
 # The run directory's file names, spelled only by gpt.run.directory (and a checkpoint's own config copy)
 RUN_DIR_FILES = {
@@ -404,11 +405,13 @@ def test_the_hub_code_stands_alone():
 
 def test_the_choices_a_config_names_are_the_implementations_registries():
     from gpt.config import NORM_PLACEMENTS, NORM_TYPES, PRECISIONS, QK_NORMS, SCHEDULES
-    from gpt.model import gpt, loss, norms
+    from gpt.config.architecture import choices
+    from gpt.model import loss, norms
     from gpt.training import schedule
 
     assert NORM_TYPES == norms.NORM_TYPES and SCHEDULES == schedule.SCHEDULES and PRECISIONS == loss.PRECISIONS
-    assert NORM_PLACEMENTS == gpt.NORM_PLACEMENTS and QK_NORMS == gpt.QK_NORMS
+    # the model's options have no second list: each is the spec's (every value builds: tests/model/test_options.py)
+    assert choices("norm_placement") == NORM_PLACEMENTS and choices("qk_norm") == QK_NORMS
 
 
 # ------------------------------------------------------------------ each rule catches its breach

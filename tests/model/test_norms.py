@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpt.config import schema
+from gpt.config import architecture, schema
 from gpt.model.norms import (
     NORM_MODULES,
     NORM_PARAMS,
@@ -169,12 +169,14 @@ def test_make_norm_defaults_and_the_write_up_dicts():
 
 
 def field_line(param, field=None) -> str:
-    """The ModelConfig line that declares ``param`` (keeping the bounds of the field there, if any)."""
+    """The spec's line (gpt/config/architecture.py, OPTIONS) that declares ``param`` (keeping the bounds of the
+    field, if any)."""
     number = repr(param.default).replace("e-0", "e-")  # as written there: 1e-5
-    bounds = "".join(
-        f", {k}={field.metadata[k]!r}" for k in ("ge", "gt", "le", "lt") if field and field.metadata[k] is not None
-    )
-    return f"    {param.name}: {type(param.default).__name__} = opt({number}, {json.dumps(param.doc)}{bounds})"
+    bounds = {k: field.metadata[k] for k in ("ge", "gt", "le", "lt") if field and field.metadata[k] is not None}
+    return (
+        f"    Option({param.name!r}, {type(param.default).__name__}, {number}, {json.dumps(param.doc)}, "
+        f"bounds={bounds!r}, hub={param.name!r}),"
+    ).replace("'", '"')
 
 
 def test_the_config_schema_reads_the_registry_s_names_and_holds_its_defaults():
@@ -188,10 +190,13 @@ def test_the_config_schema_reads_the_registry_s_names_and_holds_its_defaults():
     for param in NORM_PARAMS.values():
         field = fields.get(param.name)
         assert field is not None and (field.default, field.metadata["doc"]) == (param.default, param.doc), (
-            f"gpt/config/schema.py, class ModelConfig: {'replace' if field else 'add'} the field with\n"
+            f"gpt/config/architecture.py, OPTIONS: {'replace' if field else 'add'} its option with\n"
             f"{field_line(param, field)}"
         )
-    assert field_line(NORM_PARAMS["norm_eps"], fields["norm_eps"]) in Path(schema.__file__).read_text()
+    spec = Path(schema.__file__).with_name("architecture.py").read_text()
+    assert field_line(NORM_PARAMS["dyt_alpha_init"], fields["dyt_alpha_init"]) in spec  # the line it prints
+    # exported under its own name: a published model builds its norms with it
+    assert all(architecture.BY_KEY[name].hub == name for name in NORM_PARAMS)
 
 
 def test_the_schema_sees_a_norm_type_added_to_the_registry_s_source(tmp_path):

@@ -14,16 +14,20 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn as nn
-from synthetic import CONFIGS
+from synthetic import CONFIGS, checkpoint
 
-from gpt.config import Config, ConfigError, dump_config, load_config
-from gpt.model.gpt import GPT, NORM_LAYOUT, NORM_PLACEMENTS, QK_NORMS, KVCache
+from gpt.config import NORM_PLACEMENTS, QK_NORMS, Config, ConfigError, dump_config, load_config
+from gpt.config.architecture import BY_KEY, OPTIONS, from_hub
+from gpt.model.gpt import GPT, Context, KVCache
 from gpt.model.norms import NORM_TYPES, DyT, is_norm, make_norm
 from gpt.publish.export import export_checkpoint
 from gpt.publish.hub_api import HubError
 from gpt.publish.layouts import Layout, export_weights, hub_config, load_published
-from gpt.run.checkpoints import save_checkpoint
 
+# the options of where and how the norms sit, each with what a config written before it reads as (the model it built)
+LAYOUT = {
+    k: BY_KEY[k].before for k in ("norm_placement", "final_norm", "qk_norm", "qk_norm_type", "norm_compute_dtype")
+}
 VARIANTS = [(p, qk) for p in NORM_PLACEMENTS for qk in QK_NORMS]  # every placement x QK-norm
 FAMILY = {"handrolled_layernorm": "layer", "pytorch_rmsnorm": "rms"}  # a LayerNorm and an RMSNorm member
 
@@ -107,7 +111,7 @@ def test_each_block_computes_its_placement_s_formula(tiny_model_cfg, norm_type, 
     x = 2 * torch.randn(3, 16, 32, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     block = model.blocks[1]
     with torch.no_grad():
-        ours, by_hand = block(x), block_by_hand(block, x, placement, FAMILY[norm_type])
+        ours, by_hand = block(x, ctx=Context()), block_by_hand(block, x, placement, FAMILY[norm_type])
         assert (ours - by_hand).abs().max().item() < 1e-10
         # the whole model too: embeddings, the blocks by hand, the final norm, the head
         idx = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(6))
@@ -243,29 +247,30 @@ BEFORE_KEYS += ["ln_f.weight", "ln_f.bias", "lm_head.weight"]
 
 def test_the_default_is_pre_norm_without_qk_norm_bitwise_as_before(tiny_model_cfg):
     cfg = tiny_model_cfg()
-    # norms compute in fp32 now (NORM_LAYOUT's input was the default before): pre-norm reads the fp32 residual stream,
+    # norms compute in fp32 now (LAYOUT's input was the default before): pre-norm reads the fp32 residual stream,
     # so the model is the same to the bit (below)
-    assert {k: getattr(cfg, k) for k in NORM_LAYOUT} == {**NORM_LAYOUT, "norm_compute_dtype": "float32"}
+    assert {k: getattr(cfg, k) for k in LAYOUT} == {**LAYOUT, "norm_compute_dtype": "float32"}
     assert (cfg.norm_placement, cfg.final_norm, cfg.qk_norm, cfg.norm_compute_dtype) == ("pre", True, "none", "float32")
     model = jitter_norms(GPT(cfg, seed=11).eval())
     assert list(model.state_dict()) == BEFORE_KEYS
     # a config without the fields (as every config was) builds the same model, to the bit
-    fields = {k: v for k, v in vars(cfg).items() if k not in NORM_LAYOUT}
-    before = GPT(SimpleNamespace(**fields, padded_vocab_size=cfg.padded_vocab_size), seed=11).eval()
+    published = {o.hub: getattr(cfg, o.key) for o in OPTIONS if o.hub is not None and o.key not in LAYOUT}
+    options = from_hub(published)  # a config.json published before them: the keys absent
+    before = GPT(SimpleNamespace(**options, padded_vocab_size=cfg.padded_vocab_size), seed=11).eval()
     before.load_state_dict(model.state_dict())
     idx = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         assert torch.equal(model(idx)[0], before(idx)[0])
         x = torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(4))
         b = model.blocks[0]
-        h = x + b.attn(b.ln_1(x))  # the pre-norm block as it was written, to the bit
-        assert torch.equal(b(x), h + b.mlp(b.ln_2(h)))
+        h = x + b.attn(b.ln_1(x), ctx=Context())  # the pre-norm block as it was written, to the bit
+        assert torch.equal(b(x, ctx=Context()), h + b.mlp(b.ln_2(h)))
 
 
 def test_a_placement_not_known_is_refused(tiny_model_cfg):
     with pytest.raises(ConfigError, match="model.norm_placement: 'middle' is not one of: pre, post, peri"):
         load_config(CONFIGS / "tiny.yaml", ["model.norm_placement=middle"])
-    with pytest.raises(ValueError, match="unknown norm_placement 'middle'; valid: pre, post, peri"):
+    with pytest.raises(ValueError, match="norm_placement 'middle' has no block; these have: pre, post, peri"):
         GPT(tiny_model_cfg(norm_placement="middle"))  # a config built in code, not checked by the loader
 
 
@@ -273,13 +278,13 @@ def test_the_dry_run_names_placement_and_qk_norm(tmp_path):
     from gpt.model.inventory import model_summary
 
     for overrides, words in (
-        ([], "(pre-norm, QK-norm off)"),
-        (["model.norm_placement=peri", "model.qk_norm=head"], "(peri-norm, QK-norm head pytorch_rmsnorm)"),
+        ([], "(pre-norm)"),
+        (["model.norm_placement=peri", "model.qk_norm=head"], "(peri-norm, QK-norm (head, pytorch_rmsnorm))"),
         # as written before qk_norm_type: a head-wise norm of the norm type, what it built then
-        (["model.qk_norm=true", "model.norm_type=dyt"], "(pre-norm, QK-norm head dyt)"),
+        (["model.qk_norm=true", "model.norm_type=dyt"], "(QK-norm (head, dyt))"),
         (
             ["model.final_norm=false", "model.norm_placement=peri", "model.norm_compute_dtype=input"],
-            "(peri-norm, no final norm, QK-norm off, norms in their input dtype)",
+            "(peri-norm, no final norm, norms in their input dtype)",
         ),
     ):
         cfg = load_config(CONFIGS / "tiny.yaml", [f"run.dir={tmp_path / 'run'}", "train.steps=7", *overrides])
@@ -299,15 +304,6 @@ def run_config(tmp_path, norm_type="handrolled_layernorm", placement="pre", qk_n
     return cfg
 
 
-def checkpoint(cfg: Config, model: GPT):
-    """A checkpoint folder of ``model`` as a run writes it (weights, config, record), in the run's folder."""
-    info = {"step": 10, "tokens": 100, "segments": []}
-    root = cfg.run_dir / "checkpoints"
-    return save_checkpoint(
-        root, 10, model, state={}, config_yaml=dump_config(cfg), info=info, keep_last=1, is_best=False
-    )
-
-
 @pytest.mark.parametrize("placement,qk_norm", [("post", "none"), ("peri", "none"), ("pre", "head"), ("post", "full")])
 def test_native_gpt2_export_refuses_all_but_pre_norm_without_qk_norm(tmp_path, capsys, placement, qk_norm):
     from gpt.commands.push_to_hub import main as push_to_hub
@@ -318,10 +314,11 @@ def test_native_gpt2_export_refuses_all_but_pre_norm_without_qk_norm(tmp_path, c
     with pytest.raises(HubError) as refused:
         export_checkpoint(ckpt, folder, "me/native", layout=Layout.NATIVE_GPT2)
     message = str(refused.value)
+    wrong = [f"model.norm_placement {placement} (GPT-2: pre)"] if placement != "pre" else []
+    wrong += [f"model.qk_norm {qk_norm} (GPT-2: none)"] if qk_norm != "none" else []
     assert message == (
-        "--native-gpt2: GPT2LMHeadModel is pre-norm with a final norm and without QK-norm, and this model has "
-        f"norm_placement {placement}, final_norm true and qk_norm {qk_norm}; publish it with remote code (without "
-        "--native-gpt2); native: norm_placement pre, final_norm true and qk_norm none"
+        f"--native-gpt2: GPT2LMHeadModel cannot compute this model: {', '.join(wrong)}; publish it with remote code "
+        "(without --native-gpt2)"
     )
     assert "\n" not in message and not folder.exists()  # nothing written
     # the command says it in one line, before any request to the Hub (offline here: none could be made)
@@ -357,7 +354,7 @@ def published(tmp_path, cfg: Config, model: GPT, old_config=False):
     export_checkpoint(checkpoint(cfg, model), folder, f"me/{cfg.run.name}")
     if old_config:
         config = json.loads((folder / "config.json").read_text())
-        for key in NORM_LAYOUT:
+        for key in LAYOUT:
             del config[key]
         (folder / "config.json").write_text(json.dumps(config))
     return folder
@@ -391,14 +388,14 @@ def test_a_published_model_carries_its_placement_in_config_and_card_and_reloads(
     model = jitter_norms(GPT(cfg.model, seed=3).eval())
     folder = published(tmp_path, cfg, model)
     config = json.loads((folder / "config.json").read_text())
-    assert {k: config[k] for k in NORM_LAYOUT} == {
+    assert {k: config[k] for k in LAYOUT} == {
         "norm_placement": "peri", "final_norm": False, "qk_norm": "head", "qk_norm_type": "handrolled_layernorm",
         "norm_compute_dtype": "float32",
     }  # fmt: skip
     assert hub_config(cfg, Layout.REMOTE_CODE)["norm_placement"] == "peri"
     card = (folder / "README.md").read_text()
     assert "this one uses `pytorch_rmsnorm`, peri-norm, no final norm, QK-norm (head, handrolled_layernorm)." in card
-    assert "peri-norm (each block: x + norm(f(norm(x))), a norm before and after each sublayer), none before" in card
+    assert "peri-norm (each block: x + norm(f(norm(x))), a norm before and after each sublayer); none before" in card
     assert "QK-norm: `handrolled_layernorm` over each head's queries and keys, one weight shared by the heads." in card
     reloaded = load_published(folder)
     assert reloaded.blocks[0].placement == "peri" and reloaded.blocks[0].attn.qk_norm == "head"
@@ -408,7 +405,7 @@ def test_a_published_model_carries_its_placement_in_config_and_card_and_reloads(
         assert torch.equal(reloaded(idx)[0], model(idx)[0])
     pre = run_config(tmp_path / "pre")
     card = (published(tmp_path / "pre", pre, GPT(pre.model)) / "README.md").read_text()
-    assert "pre-norm (each block: x + f(norm(x)), as GPT-2), and before the head; no QK-norm." in card
+    assert "pre-norm (each block: x + f(norm(x)), as GPT-2); a norm before the head; no QK-norm." in card
     assert "this one uses `handrolled_layernorm`." in card
 
 
@@ -416,7 +413,10 @@ def test_weight_conversion_to_gpt2_refuses_what_gpt2_cannot_compute(tiny_model_c
     from gpt.model.gpt2_weights import hf_config_kwargs, state_dict_to_hf
 
     cfg = tiny_model_cfg(norm_type="pytorch_layernorm", norm_placement="peri", qk_norm="head")
-    with pytest.raises(ValueError, match="norm_placement peri, final_norm true and qk_norm head; convertible: norm_pl"):
+    with pytest.raises(
+        ValueError,
+        match=r"model: model.norm_placement peri \(GPT-2: pre\), model.qk_norm head \(GPT-2: none\)$",
+    ):
         state_dict_to_hf(GPT(cfg).state_dict(), cfg)
     assert hf_config_kwargs(tiny_model_cfg(norm_type="pytorch_layernorm"))["n_embd"] == 32
 

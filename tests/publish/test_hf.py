@@ -95,7 +95,9 @@ def test_a_padded_vocabulary_exports_without_its_padding_and_loads_back(tie):
 
 def test_rmsnorm_models_do_not_pretend_to_be_gpt2():
     cfg = model_config_from_hf(random_hf_model().config, norm_type="pytorch_rmsnorm")
-    with pytest.raises(ValueError, match="'pytorch_rmsnorm' has no GPT2LMHeadModel equivalent"):
+    with pytest.raises(
+        ValueError, match="cannot compute this model: model.norm_type pytorch_rmsnorm \\(GPT-2: pytorch_layernorm or"
+    ):
         hf_config_kwargs(cfg)
 
 

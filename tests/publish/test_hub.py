@@ -23,7 +23,7 @@ from gpt.data.tokenizer import get_tokenizer
 from gpt.model.gpt import GPT
 from gpt.model.norms import NORM_TYPES
 from gpt.publish.export import export_checkpoint
-from gpt.publish.layouts import MODEL_FILES
+from gpt.publish.layouts import SHIPPED
 from gpt.run.checkpoints import checkpoint_config, load_weights
 from gpt.run.directory import RunDir, find_checkpoint
 from gpt.training.loop import train
@@ -120,15 +120,15 @@ def test_every_norm_type_loads_with_transformers_and_gives_our_logits(runs, hub)
         "gpt.py",
         "norms.py",
         "loss.py",
-        "hub_keys.py",
+        "architecture.py",
         "vocab.json",
         "merges.txt",
         "tokenizer_config.json",
         "README.md",
         "loss.png",
     } <= set(files)
-    for name in MODEL_FILES:  # the model's own files, verbatim: one model, not two
-        assert files[name] == (ROOT / "gpt" / "model" / name).read_bytes(), name
+    for name, source in SHIPPED.items():  # the model's own files and its spec, verbatim: one model, not two
+        assert files[name] == source.read_bytes(), name
     wrapper = ast.parse(files["modeling_gpt_norm.py"].decode())
     assert [c.name for c in wrapper.body if isinstance(c, ast.ClassDef)] == ["GPTNormForCausalLM"]  # no layers
     assert all(FAKE_TOKEN in a for a in hub.authorization)  # the token reached the Hub

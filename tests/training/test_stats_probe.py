@@ -11,7 +11,7 @@ from conftest import CONFIGS
 from safetensors.torch import load_file
 
 from gpt.config import load_config
-from gpt.model.gpt import GPT
+from gpt.model.gpt import GPT, Context
 from gpt.run.directory import RunDir, find_checkpoint
 from gpt.speed.overheads import stats_step_cost
 from gpt.training import inside
@@ -88,7 +88,7 @@ def test_residual_norm_outputs_and_gains_equal_a_hand_forward(stepped):
             w = block.ln_2.weight
             assert record["ln_2_gain_mean"][i] == pytest.approx(w.mean().item(), rel=1e-6)
             assert record["ln_2_gain_std"][i] == pytest.approx(w.std(correction=0).item(), rel=1e-5, abs=1e-9)
-            h = block(h)
+            h = block(h, ctx=Context())
         assert record["resid_rms"][-1] == pytest.approx(rms(h), rel=1e-6)
         logits = model.lm_head(model.ln_f(h))
         assert record["logits_max"] == pytest.approx(logits.max().item(), rel=1e-6)
@@ -110,7 +110,7 @@ def test_attention_logits_equal_q_dot_k_computed_by_hand(stepped):
                     values += [float(q[t] @ k[s]) / math.sqrt(hs) for t in range(8) for s in range(t + 1)]
             assert probe.pending["attn_logit_max"][i].item() == pytest.approx(max(values), rel=1e-5)
             assert probe.pending["attn_logit_mean"][i].item() == pytest.approx(sum(values) / len(values), abs=1e-6)
-            h = block(h)
+            h = block(h, ctx=Context())
 
 
 def test_gradient_norms_and_update_ratios_equal_two_copies_of_the_weights(stepped):
@@ -251,13 +251,13 @@ def test_with_qk_norm_the_attention_logits_are_those_of_the_normalised_q_and_k_a
             assert record["attn_logit_max"][i] == pytest.approx(max(normed), rel=1e-5)
             assert record["attn_logit_mean"][i] == pytest.approx(sum(normed) / len(normed), abs=1e-5)
             assert record["attn_logit_max"][i] != pytest.approx(max(raw), rel=1e-2)  # not the raw q.k
-            out = block.ln_1_out(block.attn(a))  # peri-norm's output norms: measured as the input ones
+            out = block.ln_1_out(block.attn(a, ctx=Context()))  # peri-norm's output norms: measured as the input ones
             assert record["ln_1_out_rms"][i] == pytest.approx(rms(out), rel=1e-6)
             assert record["ln_1_out_max"][i] == pytest.approx(out.abs().max().item(), rel=1e-6)
             w = block.ln_2_out.weight
             assert record["ln_2_out_gain_mean"][i] == pytest.approx(w.mean().item(), rel=1e-6)
             assert record["ln_2_out_gain_std"][i] == pytest.approx(w.std(correction=0).item(), rel=1e-5)
-            h = block(h)
+            h = block(h, ctx=Context())
         assert record["resid_rms"][-1] == pytest.approx(rms(h), rel=1e-6)
     assert len(record["ln_2_out_rms"]) == len(record["ln_1_rms"]) == 2
 

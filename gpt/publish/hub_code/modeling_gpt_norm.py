@@ -1,8 +1,9 @@
 """The transformers model of a GPT from gpt-norm-harness (shipped to the Hub beside the weights).
 
-A thin ``PreTrainedModel`` around the harness's own ``GPT``: ``gpt.py``, ``norms.py``,
-``loss.py`` and ``hub_keys.py`` beside this file are verbatim copies of the harness's ``gpt/model/`` files, so the
-published network is the trained one, not a second implementation of it. The weights are the
+A thin ``PreTrainedModel`` around the harness's own ``GPT``: ``gpt.py``, ``norms.py`` and
+``loss.py`` beside this file are verbatim copies of the harness's ``gpt/model/`` files, so the
+published network is the trained one, not a second implementation of it; ``architecture.py``, of its
+``gpt/config/architecture.py``, reads the model's options from config.json. The weights are the
 harness's parameters under the prefix ``gpt.`` (``gpt.wte.weight``, ``gpt.blocks.0.ln_1.weight``).
 ``generate()`` works as with any causal LM of transformers 5: a key-value cache (transformers'
 ``Cache`` classes, the argument and output field ``cache``; ``use_cache``) and left-padded batches
@@ -10,14 +11,16 @@ with an ``attention_mask``.
 Self-contained: it imports torch, transformers and its sibling files only.
 """
 
+from types import SimpleNamespace
+
 import torch.nn as nn
 import torch.nn.functional as F
 from transformers import DynamicCache, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from .architecture import from_hub
 from .configuration_gpt_norm import GPTNormConfig
 from .gpt import GPT
-from .hub_keys import model_from_hub
 
 
 class GPTNormForCausalLM(PreTrainedModel, GenerationMixin):
@@ -27,7 +30,8 @@ class GPTNormForCausalLM(PreTrainedModel, GenerationMixin):
 
     def __init__(self, config):
         super().__init__(config)
-        self.gpt = GPT(model_from_hub(config), seed=None)  # weights: from the checkpoint
+        options = from_hub(config)  # every option the model reads (no vocabulary padding: the export dropped it)
+        self.gpt = GPT(SimpleNamespace(**options, padded_vocab_size=options["vocab_size"]), seed=None)
         if config.tie_word_embeddings:
             self._tied_weights_keys = {"gpt.lm_head.weight": "gpt.wte.weight"}
         self.post_init()

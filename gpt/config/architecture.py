@@ -1,0 +1,240 @@
+"""The model's options, each declared once: the architecture spec.
+
+Every field of ``model:`` in a config (``ModelConfig``) is one ``Option`` in ``OPTIONS``: its key, type,
+choices and bounds, default and doc line (the schema builds ``ModelConfig`` from these), how a published
+``config.json`` carries it (its key there, or why it is not exported), the value a config written before it
+existed reads as, which values a native GPT-2 export accepts, and its words in the model card and the run's
+summary. Everything that used to keep a list of its own reads it from here: the schema and
+docs/configuration.md, the Hub export and the published model's loader (``to_hub`` / ``from_hub``), the
+GPT-2 conversion's guard (``gpt2_mismatch``), the card and the dry run's summary (``phrases``, ``words``).
+
+This file is shipped to the Hub beside the model's own files (the published wrapper reads ``config.json``
+through ``from_hub``), so it imports the standard library only. Choices declared elsewhere are named, not
+copied: ``NORM_TYPES`` (the norm registry, ``gpt.model.norms``) and ``SIZES`` (``gpt.config.sizes``); the
+schema resolves the names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+NORM_TYPES = "norm types"  # choices: the norm registry's names (gpt.model.norms)
+SIZES = "sizes"  # choices: the size ladder's names (gpt.config.sizes)
+
+
+class _Default:
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+
+DEFAULT: Any = _Default()  # Option.before: a config written before the option existed reads as its default
+
+
+@dataclass(frozen=True)
+class Option:
+    """One model option. ``words`` and ``phrase`` take the value and the whole model config."""
+
+    key: str  # model.<key>, and the attribute the model reads
+    type: Any  # the field's type: int, float, bool, str, or with | None
+    default: Any
+    doc: str  # one line: docs/configuration.md and train.py --help-config
+    choices: tuple[str, ...] | str | None = None  # allowed values, or the name of a list declared elsewhere
+    bounds: Mapping[str, float] = field(default_factory=dict)  # ge, gt, le, lt
+    hub: str | None = None  # its key in a published config.json; None: not exported (``why_not``)
+    why_not: str = ""  # why a published model does not need it (an exported option has none)
+    before: Any = DEFAULT  # what a saved or published config without the key reads as: the model it built
+    gpt2: tuple | None = None  # the values transformers' GPT2LMHeadModel computes; None: any
+    words: Callable[[Any, Any], str | None] | None = None  # its clause in the card's Model section
+    phrase: Callable[[Any, Any], str | None] | None = None  # short, where not GPT-2's: card title, run summary
+
+    def __post_init__(self) -> None:
+        if (self.hub is None) == (not self.why_not):
+            raise ValueError(f"option {self.key}: give its config.json key (hub=) or why it is not exported")
+
+
+# what a placement and QK-norm are, in the card's words
+_PLACED = {
+    "pre": "pre-norm (each block: x + f(norm(x)), as GPT-2)",
+    "post": "post-norm (each block: norm(x + f(x)), as the original Transformer)",
+    "peri": "peri-norm (each block: x + norm(f(norm(x))), a norm before and after each sublayer)",
+}
+_QK = {
+    "none": "no QK-norm",
+    "head": "QK-norm: `{}` over each head's queries and keys, one weight shared by the heads",
+    "full": "QK-norm: `{}` over the whole query and key projections, before the split into heads",
+}
+_NO_TRAINING = "a published model is for inference: it trains no more"
+_WEIGHTS = "how the initial weights were drawn: the published weights are the trained ones"
+
+OPTIONS: tuple[Option, ...] = (
+    Option("vocab_size", int, 50257, "tokens in the vocabulary (GPT-2 BPE: 50257)", bounds={"ge": 1},
+           hub="vocab_size"),
+    Option("context_length", int, 1024, "longest sequence; size of the learned position table", bounds={"ge": 1},
+           hub="n_positions"),
+    Option("d_model", int, 768, "width of the residual stream", bounds={"ge": 1}, hub="n_embd"),
+    Option("n_layers", int, 12, "transformer blocks", bounds={"ge": 1}, hub="n_layer"),
+    Option("n_heads", int, 12, "attention heads per block; must divide d_model", bounds={"ge": 1}, hub="n_head"),
+    Option(
+        "size", str | None, None,
+        "a named size of the ladder (gpt.config.sizes: 1x64 ... 12x768 on the GPU, 1x16 ... 4x64 on the CPU): sets "
+        "n_layers, d_model and n_heads to its own; null: the three as given",
+        choices=SIZES, why_not="a name for n_layers, d_model and n_heads, which are exported",
+    ),
+    Option("dropout", float, 0.0, "dropout on embeddings, attention and residual branches",
+           bounds={"ge": 0, "lt": 1}, why_not=_NO_TRAINING + " (no dropout)"),
+    Option("qkv_bias", bool, False, "bias on the Q/K/V projection (OpenAI GPT-2: true; write-up: false)",
+           hub="qkv_bias", before=False),
+    Option("tie_weights", bool, False, "share the token embedding with the output head (GPT-2: true)",
+           hub="tie_word_embeddings"),
+    Option("norm_type", str, "handrolled_layernorm", "normalisation layer built by make_norm", choices=NORM_TYPES,
+           hub="norm_type",
+           gpt2=("pytorch_layernorm", "handrolled_layernorm", "handrolled_layernorm_fast")),
+    # the norm types' own parameters (gpt.model.norms.NormParam: the same name, default and doc)
+    Option("norm_eps", float, 1e-5, "eps of every norm that has one (hand-rolled and PyTorch alike)",
+           bounds={"gt": 0}, hub="norm_eps"),
+    Option("dyt_alpha_init", float, 0.5, "initial alpha of the dyt norm", bounds={"gt": 0}, hub="dyt_alpha_init"),
+    Option(
+        "norm_placement", str, "pre",
+        "where each block's norms sit: pre: x + f(ln(x)) (GPT-2); post: ln(x + f(x)) (the original Transformer); "
+        "peri: x + ln_out(f(ln(x))) (Peri-LN: a norm before and after each sublayer, ln_1_out / ln_2_out)",
+        choices=("pre", "post", "peri"), hub="norm_placement", before="pre", gpt2=("pre",),
+        words=lambda v, m: _PLACED[v],
+        phrase=lambda v, m: None if v == "pre" else f"{v}-norm",
+    ),
+    Option(
+        "final_norm", bool, True,
+        "the norm ln_f before the output head (GPT-2's; false: the head reads the last block's output, as in the "
+        "original post-LN Transformer)",
+        hub="final_norm", before=True, gpt2=(True,),
+        words=lambda v, m: "a norm before the head" if v else "none before the head",
+        phrase=lambda v, m: None if v else "no final norm",
+    ),
+    Option(
+        "qk_norm", str, "none",
+        "QK-norm, a norm of model.qk_norm_type over the queries and keys before their dot product (keys cached "
+        "normalised): head: over each head's d_model / n_heads features, one weight shared by the heads (Qwen3, "
+        "Gemma 3); full: over the whole d_model-wide projection before the split into heads (OLMo 2); none. "
+        "true in a config written before, reads as head with qk_norm_type = model.norm_type (what it built)",
+        choices=("none", "head", "full"), hub="qk_norm", before="none", gpt2=("none",),
+        words=lambda v, m: _QK[v].format(m.qk_norm_type),
+        phrase=lambda v, m: None if v == "none" else f"QK-norm ({v}, {m.qk_norm_type})",
+    ),
+    Option(
+        "qk_norm_type", str, "pytorch_rmsnorm",
+        "the norm type of QK-norm (the literature's: RMSNorm), any registered norm type but no_norm",
+        choices=NORM_TYPES, hub="qk_norm_type", before="pytorch_rmsnorm",
+    ),
+    Option(
+        "norm_compute_dtype", str, "float32",
+        "the dtype a norm computes in under autocast: float32: every norm computes in fp32 and returns its input's "
+        "dtype, so hand-rolled and PyTorch norms (which autocast runs in fp32) see the same input; input: its "
+        "input's (bf16 for peri's output norms and QK-norm, where hand-rolled norms then take their statistics in "
+        "bf16). Pre and post without QK-norm read the fp32 residual stream: there the two are the same model",
+        choices=("input", "float32"), hub="norm_compute_dtype", before="input",
+        words=lambda v, m: "every norm computes in its input's dtype (bf16 where a matmul wrote it)"
+        if v == "input" else None,
+        phrase=lambda v, m: "norms in their input dtype" if v == "input" else None,
+    ),
+    Option(
+        "init", str, "pytorch",
+        "pytorch: PyTorch's default init (the write-up); "
+        "gpt2: normal(0, 0.02), residual projections / sqrt(2 * n_layers)",
+        choices=("pytorch", "gpt2"), why_not=_WEIGHTS,
+    ),
+    Option("init_seed", int | None, None, "seed of the initial weights; null: use train.seed", bounds={"ge": 0},
+           why_not=_WEIGHTS),
+    Option(
+        "vocab_pad_multiple", int, 1,
+        "pad the output head to a multiple of this many rows (64: faster "
+        "matmuls; padded logits are dropped before the loss, never predicted); 1: none",
+        bounds={"ge": 1}, why_not="the export leaves the padding rows behind (the model's vocab_size rows only)",
+    ),
+)  # fmt: skip
+
+BY_KEY: dict[str, Option] = {o.key: o for o in OPTIONS}
+NOT_EXPORTED: dict[str, str] = {o.key: o.why_not for o in OPTIONS if o.hub is None}  # key -> why
+
+
+def choices(key: str) -> tuple[str, ...]:
+    """The choices of an option that lists its own."""
+    listed = BY_KEY[key].choices
+    if not isinstance(listed, tuple):
+        raise ValueError(f"model.{key}'s choices are declared elsewhere ({listed})")
+    return listed
+
+
+# --------------------------------------------------------------------------- old configs
+
+
+def upgrade(data: Mapping) -> dict:
+    """A model section (or a published config.json's keys, by our names) as written before its keys changed, in
+    today's words with the same meaning; the one place old formats are read:
+
+    - ``qk_norm: true`` was a head-wise QK-norm of model.norm_type, ``false`` none;
+    - ``norm_compute_dtype: input`` (the default before float32) where every norm reads the fp32 residual stream
+      (pre or post, no QK-norm) is float32: the same bits, so such runs stay comparable with today's."""
+    data = dict(data)
+    if isinstance(data.get("qk_norm"), bool):
+        if data.pop("qk_norm"):
+            data["qk_norm"] = "head"
+            data.setdefault("qk_norm_type", data.get("norm_type", BY_KEY["norm_type"].default))
+        else:
+            data["qk_norm"] = "none"
+    moot = data.get("norm_placement", "pre") in ("pre", "post") and data.get("qk_norm", "none") == "none"
+    if moot and data.get("norm_compute_dtype") == "input":
+        data["norm_compute_dtype"] = "float32"
+    return data
+
+
+# --------------------------------------------------------------------------- a published config.json
+
+
+def _get(config: Any, key: str, absent: Any) -> Any:
+    return config.get(key, absent) if isinstance(config, Mapping) else getattr(config, key, absent)
+
+
+def to_hub(m: Any) -> dict:
+    """The exported options of model config ``m`` under their config.json keys."""
+    return {o.hub: getattr(m, o.key) for o in OPTIONS if o.hub is not None}
+
+
+def from_hub(config: Any) -> dict:
+    """Every exported option by our key, from a published config.json (a mapping, or an object with its keys as
+    attributes: a transformers config); a key a model was published without reads as ``before``, the model it
+    built. The options not exported take their defaults, except what a published model always is: no vocabulary
+    padding, no dropout."""
+    missing = object()
+    given = {o.key: _get(config, o.hub, missing) for o in OPTIONS if o.hub is not None}
+    given = upgrade({k: v for k, v in given.items() if v is not missing})  # in today's words, before any is filled
+    absent = {o.key: o.default if o.before is DEFAULT or o.hub is None else o.before for o in OPTIONS}
+    return upgrade({**absent, **given, "vocab_pad_multiple": 1, "dropout": 0.0})
+
+
+# --------------------------------------------------------------------------- GPT-2, the card
+
+
+def gpt2_mismatch(m: Any) -> str | None:
+    """What of model config ``m`` transformers' GPT2LMHeadModel cannot compute, in one line (each option and
+    the values GPT-2 has); None where it computes this model."""
+    wrong = [
+        f"model.{o.key} {_said(getattr(m, o.key))} (GPT-2: {' or '.join(_said(v) for v in o.gpt2)})"
+        for o in OPTIONS
+        if o.gpt2 is not None and getattr(m, o.key) not in o.gpt2
+    ]
+    return f"GPT2LMHeadModel cannot compute this model: {', '.join(wrong)}" if wrong else None
+
+
+def _said(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def phrases(m: Any) -> list[str]:
+    """The short words of every option of ``m`` that is not GPT-2's own (the card's title, the run's summary)."""
+    return [w for o in OPTIONS if o.phrase is not None for w in [o.phrase(getattr(m, o.key), m)] if w]
+
+
+def words(m: Any) -> list[str]:
+    """The clause of every option of ``m`` that has one (the card's Model section)."""
+    return [w for o in OPTIONS if o.words is not None for w in [o.words(getattr(m, o.key), m)] if w]

@@ -188,6 +188,32 @@ def stored_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: state[name] for name in (min(names) for names, _ in stored_tensors(model))}
 
 
+class HeldBest:
+    """Rank 0's best validation between checkpoints: its weights in host memory (``host_copy``'s buffers, reused)
+    and its checkpoint.json, until ``write`` keeps them as ``best-<step>/`` (before the next checkpoint, or as a
+    diverged run ends) or ``drop`` finds them superseded (a checkpoint that is itself the best)."""
+
+    def __init__(self):
+        self.weights: dict[str, torch.Tensor] | None = None
+        self.info: dict | None = None  # None: nothing held
+
+    def hold(self, model: torch.nn.Module, info: dict) -> None:
+        self.weights, self.info = host_copy(model, self.weights), info  # no wait: ``write`` synchronizes
+
+    def drop(self) -> None:
+        self.info = None
+
+    def write(self, root: Path, *, config_yaml: str, keep_last: int, synchronize) -> Path | None:
+        """Write what is held, if anything (``synchronize``: the device's, so the host copy is complete)."""
+        if self.info is None:
+            return None
+        synchronize()
+        info, self.info = self.info, None
+        return save_best_weights(
+            root, info["step"], self.weights, config_yaml=config_yaml, info=info, keep_last=keep_last
+        )
+
+
 def host_copy(model: torch.nn.Module, into: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """The model's stored tensors (``stored_state``) copied to host memory, into ``into``'s buffers when given.
     On CUDA the buffers are pinned and the copies do not wait: synchronize before reading them."""

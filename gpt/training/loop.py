@@ -25,6 +25,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from tqdm import tqdm
@@ -38,11 +39,10 @@ from gpt.data.tokens import DataError, TokenRange
 from gpt.evaluation.token_loss import evaluate_loss
 from gpt.run.checkpoints import (
     CheckpointError,
+    HeldBest,
     checkpoint_interval,
-    host_copy,
     load_state,
     load_weights,
-    save_best_weights,
     save_checkpoint,
 )
 from gpt.run.directory import COMPLETED, DIVERGED, INTERRUPTED, RunDir
@@ -58,6 +58,13 @@ from gpt.training.monitors import Divergence, LossWindow, StopFlag, Throughput
 from gpt.training.optimizer import set_lr
 from gpt.training.schedule import lr_at, warmup_steps
 from gpt.training.step import StepEngine, train_reader
+
+
+class Ending(NamedTuple):
+    """How the loop ended: the run's status, and why it stopped short (None: completed)."""
+
+    status: str
+    reason: str | None
 
 
 @dataclass
@@ -156,8 +163,7 @@ class Trainer:
         # start
         self.watch: Watchers | None = None  # the loop's sinks and monitors
         self.last_checkpoint: Path | None = None  # rank 0: the newest checkpoint written
-        self.held: dict[str, torch.Tensor] | None = None  # rank 0: a best's weights in host memory (buffers reused)
-        self.held_info: dict | None = None  # its checkpoint.json while it is not written yet; None: nothing held
+        self.held = HeldBest()  # rank 0: a new best's weights between checkpoints, in host memory
         self.probe: StatsProbe | None = None  # rank 0, log.stats_every > 0: what each norm does inside the model
         self.warning: EarlyWarning | None = None  # rank 0: says when the probe's statistics run away
 
@@ -307,54 +313,52 @@ class Trainer:
         checkpoint, the second hurries that stop (no wait for uploads), the third ends it at once."""
         with StopFlag() as stop:
             self.start()
-            status, reason = self.loop(stop)
-            if status == DIVERGED:  # the best weights before it diverged are kept, as at any checkpoint
-                self.write_held_best(keep_going=True)
-            return self.finish(status, reason, stop)
+            return self.finish(*self.loop(stop), stop)
 
-    def loop(self, stop: StopFlag) -> tuple[str, str | None]:
-        """The training steps; returns the run's status and why it stopped short (None: completed)."""
-        p, status, reason = self.progress, COMPLETED, None
+    def loop(self, stop: StopFlag) -> Ending:
+        """The training steps, each read top to bottom: the step, its statistics, the log, validation, a
+        checkpoint. Only the log, validation and checkpoint steps wait for the device. Ends completed after the
+        planned last step, or early: diverged (the counters, or an early warning that train.stop_on names),
+        interrupted (a checkpoint that could not be written, a stop signal)."""
+        p = self.progress
         while p.step < self.total_steps:
-            lr = self.scheduled_lr(p.step)
-            set_lr(self.engine.optimizer, lr)
-            loss_sum, grad_norm, skipped = self.first_step() if self.first_step_seconds is None else self.train_step()
-            self.watch.divergence.record(skipped)
-            self.watch.window.add(loss_sum, self.reader.accum)
-            p.step += 1
-            p.tokens += self.cfg.tokens_per_step
-            self.watch.bar.update(1)
-            self.watch.throughput.step_done(p.step)
-            if self.cfg.log.stats_every and p.step % self.cfg.log.stats_every == 0:
-                reason = self.dist.any_flag(self.read_stats()) and "early warning (train.stop_on)"
-                if reason:  # every rank stops: rank 0's warning named the statistic, block and step
-                    status, reason = DIVERGED, (self.warning.stop if self.warning else reason)
-                    self.diverged_at = p.step
-                    break
+            lr, loss_sum, grad_norm = self.step()
+            if self.should_measure(p.step) and self.dist.any_flag(self.read_stats()):  # rank 0's warning says where
+                self.diverged_at = p.step
+                return Ending(DIVERGED, self.warning.stop if self.warning else "early warning (train.stop_on)")
             stopping = self.dist.any_flag(stop.requested)  # every step: training time, not a pause
             evaluate, save = self.should_evaluate(p.step), self.should_checkpoint(p.step) or stopping
             record, counts = self.log_record(lr, loss_sum, grad_norm) if self.should_log(p.step) else (None, None)
             # wherever the loop waits for the device anyway, it also reads the divergence counters
             reason = self.check_divergence(record, counts) if record is not None or evaluate or save else None
-            if reason:
-                status = DIVERGED  # keep the last good checkpoint: nothing is saved from a diverged run
+            if reason:  # keep the last good checkpoint: nothing is saved from a diverged run
                 self.log(record)
-                break
-            if evaluate:
-                record = record or {"step": p.step, "tokens": p.tokens, "lr": lr}
+                return Ending(DIVERGED, reason)
             with self.watch.throughput.paused(self.dist.synchronize) if evaluate or save else contextlib.nullcontext():
+                record = record or ({"step": p.step, "tokens": p.tokens, "lr": lr} if evaluate else None)
                 is_best = evaluate and self.validate(record)
                 self.log(record)
-                if save or is_best:
-                    try:
-                        self.checkpoint(is_best, full=save)
-                    except CheckpointError as e:  # a full disk, say: stop, keeping the last good one
-                        status, reason = INTERRUPTED, str(e)
-                        break
+                failed = self.checkpoint(is_best, full=save) if save or is_best else None
+            if failed:  # a full disk, say: stop, keeping the last good one
+                return Ending(INTERRUPTED, failed)
             if stopping:
-                status, reason = INTERRUPTED, "stop signal (SIGTERM / SIGINT)"
-                break
-        return status, reason
+                return Ending(INTERRUPTED, "stop signal (SIGTERM / SIGINT)")
+        return Ending(COMPLETED, None)
+
+    def step(self) -> tuple[float, torch.Tensor, torch.Tensor]:
+        """One optimizer step at the schedule's learning rate, counted (progress, divergence, the loss window,
+        the bar); its learning rate, and its loss sum and gradient norm as device tensors, nothing waited for."""
+        p = self.progress
+        lr = self.scheduled_lr(p.step)
+        set_lr(self.engine.optimizer, lr)
+        loss_sum, grad_norm, skipped = self.first_step() if self.first_step_seconds is None else self.train_step()
+        self.watch.divergence.record(skipped)
+        self.watch.window.add(loss_sum, self.reader.accum)
+        p.step += 1
+        p.tokens += self.cfg.tokens_per_step
+        self.watch.bar.update(1)
+        self.watch.throughput.step_done(p.step)
+        return lr, loss_sum, grad_norm
 
     def scheduled_lr(self, step: int) -> float:
         o = self.cfg.optim
@@ -390,6 +394,10 @@ class Trainer:
                 file=sys.stderr,
             )
         return out
+
+    def should_measure(self, step: int) -> bool:
+        """A stats step (log.stats_every): rank 0's probe measured inside it; every rank hears its verdict."""
+        return self.cfg.log.stats_every > 0 and step % self.cfg.log.stats_every == 0
 
     def should_log(self, step: int) -> bool:
         return step % self.cfg.log.log_every == 0 or step == self.total_steps or step == 1
@@ -448,7 +456,7 @@ class Trainer:
 
     def read_stats(self) -> bool:
         """Rank 0, a stats step: read the probe's numbers back (a wait, as at a log step), write them and say
-        any early warning; True when one of them is to stop the run (``train.stop_on``)."""
+        any early warning; True when one of them is to stop the run (``train.stop_on``). Any other step: False."""
         if self.probe is None or self.probe.pending is None:
             return False
         record = self.probe.take(self.progress.step, self.progress.tokens)
@@ -482,22 +490,22 @@ class Trainer:
 
     # ------------------------------------------------------- checkpoints, the end
 
-    def checkpoint(self, is_best: bool, full: bool = True) -> Path | None:
-        """Save a checkpoint of this step (rank 0 writes, every rank takes part); redraw the charts. A write that
-        fails raises CheckpointError on every rank. ``full`` False (a new best between checkpoints): rank 0 only
-        copies the weights into host memory, written before the next checkpoint (``write_held_best``)."""
+    def checkpoint(self, is_best: bool, full: bool = True) -> str | None:
+        """Save a checkpoint of this step (rank 0 writes, every rank takes part) and tell the hooks; why it could
+        not be written (every rank hears it), or None. A new best between checkpoints (``full`` False): rank 0
+        holds its weights in host memory (``HeldBest``), written before the next checkpoint, or as the run ends
+        diverged; a checkpoint that is the best drops what is held."""
         if not full:
             if self.dist.is_main:
-                self.held = host_copy(self.engine.model, self.held)  # no wait: the write synchronizes
-                self.held_info = self.info(self.progress.elapsed + self.watch.throughput.seconds())
+                self.held.hold(self.engine.model, self.info(self.progress.elapsed + self.watch.throughput.seconds()))
             return None
         state = self.state_dict()
 
-        def save() -> Path:
+        def save() -> None:
             if is_best:
-                self.held_info = None  # this checkpoint is the best: the one held is superseded
+                self.held.drop()
             self.write_held_best()
-            path = save_checkpoint(
+            self.last_checkpoint = save_checkpoint(
                 self.run.checkpoints,
                 self.progress.step,
                 self.engine.model,
@@ -507,12 +515,14 @@ class Trainer:
                 keep_last=self.cfg.train.keep_last,
                 is_best=is_best,
             )
-            self.last_checkpoint = path
             for hook in self.hooks:
-                hook.checkpoint_saved(path)
-            return path
+                hook.checkpoint_saved(self.last_checkpoint)
 
-        return self.dist.on_main(save)
+        try:
+            self.dist.on_main(save)
+        except CheckpointError as e:  # a full disk, say: the last good checkpoint stands
+            return str(e)
+        return None
 
     def info(self, elapsed: float) -> dict:
         """A checkpoint's checkpoint.json at this step."""
@@ -526,26 +536,14 @@ class Trainer:
             "segments": self.ledger.segments,
         }
 
-    def write_held_best(self, keep_going: bool = False) -> None:
-        """Rank 0: write the best weights held in host memory, if any (``keep_going``: a failed write is said
-        in one line rather than raised)."""
-        if self.held_info is None:
-            return
-        self.dist.synchronize()  # the host copy is complete
-        try:
-            save_best_weights(
-                self.run.checkpoints,
-                self.held_info["step"],
-                self.held,
-                config_yaml=self.ledger.config_yaml,
-                info=self.held_info,
-                keep_last=self.cfg.train.keep_last,
-            )
-        except CheckpointError as e:
-            if not keep_going:
-                raise
-            self.watch.bar.write(f"warning: the best weights were not kept: {e}", file=sys.stderr)
-        self.held_info = None
+    def write_held_best(self) -> None:
+        """Rank 0: write the best weights held in host memory, if any."""
+        self.held.write(
+            self.run.checkpoints,
+            config_yaml=self.ledger.config_yaml,
+            keep_last=self.cfg.train.keep_last,
+            synchronize=self.dist.synchronize,
+        )
 
     def token_ranges(self) -> dict:
         """The tokens the run reads for training and validation, as the evaluator checks them."""
@@ -588,8 +586,14 @@ class Trainer:
         }
 
     def finish(self, status: str, reason: str | None, stop: StopFlag | None = None) -> dict:
-        """Close the progress bar and the sinks; rank 0 waits for the uploads (bounded once a stop signal
-        came), writes summary.json and the final charts, and says in one line how the run ended."""
+        """Close the progress bar and the sinks; rank 0 keeps the best weights a diverged run held, waits for the
+        uploads (bounded once a stop signal came), writes summary.json and the final charts, and says in one
+        line how the run ended."""
+        if status == DIVERGED and self.dist.is_main:  # the best before it diverged is kept, as at any checkpoint
+            try:
+                self.write_held_best()
+            except CheckpointError as e:
+                self.watch.bar.write(f"warning: the best weights were not kept: {e}", file=sys.stderr)
         self.watch.bar.close()
         summary = self.summary(status, reason)
         self.dist.meet()  # the last collective: rank 0's wait for its uploads below holds no other rank

@@ -13,7 +13,8 @@ import pytest
 from conftest import ROOT
 from recipes import WHERE, Step, anchored, perform, recipe_steps
 
-RECIPES = ("norm", "task", "metric", "option")  # what docs/extending.md walks, each at least one edit and a run
+# what docs/extending.md walks, each at least one edit and a run
+RECIPES = ("norm", "task", "metric", "option", "architecture")
 PAGE = ROOT / "docs" / "extending.md"
 
 
@@ -96,7 +97,7 @@ def perform_recipes(root: Path, leave_out: Step | None = None) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.serial
 def test_every_recipe_performed_as_written_passes_its_commands_and_the_fast_tests(tmp_path):
-    """All four recipes in one copy of the package, then the fast tier there on both cores (serial: alone)."""
+    """All five recipes in one copy of the package, then the fast tier there on both cores (serial: alone)."""
     copy = copy_of_the_package(tmp_path / "copy")
     assert run(".venv/bin/python -c 'import gpt; print(gpt.__file__)'", copy).stdout.startswith(str(copy))
     assert perform_recipes(copy) == []
@@ -107,3 +108,5 @@ def test_every_recipe_performed_as_written_passes_its_commands_and_the_fast_test
     torch_free = ".venv/bin/python -c 'import sys, gpt.config as c; print(c.NORM_TYPES[-1], \"torch\" in sys.modules)'"
     assert run(torch_free, copy).stdout.split() == ["scalenorm", "False"]  # a config choice before torch loads
     assert "--top5-tokens" in run(".venv/bin/python evaluate.py --help", copy).stdout
+    swiglu = ".venv/bin/python train.py configs/tiny.yaml --set model.mlp=swiglu --dry-run"
+    assert "norm handrolled_layernorm (SwiGLU MLP)" in run(swiglu, copy).stdout  # the spec's words, in the summary

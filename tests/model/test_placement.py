@@ -396,7 +396,7 @@ def test_a_published_model_carries_its_placement_in_config_and_card_and_reloads(
     card = (folder / "README.md").read_text()
     assert "this one uses `pytorch_rmsnorm`, peri-norm, no final norm, QK-norm (head, handrolled_layernorm)." in card
     assert "peri-norm (each block: x + norm(f(norm(x))), a norm before and after each sublayer); none before" in card
-    assert "QK-norm: `handrolled_layernorm` over each head's queries and keys, one weight shared by the heads." in card
+    assert "QK-norm: `handrolled_layernorm` over each head's queries and keys, one weight shared by the heads" in card
     reloaded = load_published(folder)
     assert reloaded.blocks[0].placement == "peri" and reloaded.blocks[0].attn.qk_norm == "head"
     assert isinstance(reloaded.ln_f, nn.Identity) and type(reloaded.blocks[0].attn.q_norm).__name__ == "LayerNorm"
@@ -405,7 +405,7 @@ def test_a_published_model_carries_its_placement_in_config_and_card_and_reloads(
         assert torch.equal(reloaded(idx)[0], model(idx)[0])
     pre = run_config(tmp_path / "pre")
     card = (published(tmp_path / "pre", pre, GPT(pre.model)) / "README.md").read_text()
-    assert "pre-norm (each block: x + f(norm(x)), as GPT-2); a norm before the head; no QK-norm." in card
+    assert "pre-norm (each block: x + f(norm(x)), as GPT-2); a norm before the head; no QK-norm" in card
     assert "this one uses `handrolled_layernorm`." in card
 
 

@@ -31,8 +31,8 @@ def scripted_run(tmp_path, token_set, monkeypatch, name, losses, checkpoint_ever
     monkeypatch.setattr(
         loop, "save_checkpoint", lambda root, step, *a, **k: full.append(step) or save(root, step, *a, **k)
     )
-    monkeypatch.setattr(
-        loop, "save_best_weights", lambda root, step, *a, **k: best.append(step) or save_best(root, step, *a, **k)
+    monkeypatch.setattr(  # HeldBest writes through it
+        ckpt_io, "save_best_weights", lambda root, step, *a, **k: best.append(step) or save_best(root, step, *a, **k)
     )
     if diverge_at is not None:
         monkeypatch.setattr(

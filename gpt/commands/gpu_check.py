@@ -1,4 +1,4 @@
-"""The GPU check: the CUDA tests and the benchmark, budgeted to fit one short loan of a GPU.
+"""The GPU check: the CUDA tests and the benchmark, in a time budget, on a fresh GPU VM before a long run.
 
     bash scripts/gpu_check.sh OUTDIR [--budget-s 480] [--stages eager,compiled,tests,...] [--quick] [--plan]
 

@@ -23,11 +23,12 @@ from gpt.common.errors import quoted
 from gpt.config.sizes import SIZES, sized
 
 # The choices a config may name. This package imports no torch (a config is checked before anything heavy
-# loads), so the implementations keep their own registries: the norm types are read from the source of the
-# norm registry (gpt.model.norms, shipped alone to the Hub) without running it, and tests hold the other
-# copies equal to gpt.model.gpt's NORM_PLACEMENTS, gpt.training.schedule and gpt.model.loss
-# (tests/behaviour/test_architecture.py).
+# loads), so the implementations keep their own registries, read here from their source without running it:
+# the norm types from the norm registry (gpt.model.norms, shipped alone to the Hub), the schedules from
+# gpt.training.schedule's SHAPES. The model's other options are the spec's (gpt.config.architecture); a test holds
+# PRECISIONS equal to gpt.model.loss's (tests/behaviour/test_architecture.py).
 NORM_REGISTRY = Path(__file__).parents[1] / "model" / "norms.py"
+SCHEDULE_REGISTRY = Path(__file__).parents[1] / "training" / "schedule.py"
 
 
 def declared_norm_types(source: Path = NORM_REGISTRY) -> tuple[str, ...]:
@@ -42,10 +43,18 @@ def declared_norm_types(source: Path = NORM_REGISTRY) -> tuple[str, ...]:
     return tuple(c.args[0].value for c in calls if c.args and isinstance(c.args[0], ast.Constant))
 
 
+def declared_keys(source: Path, name: str) -> tuple[str, ...]:
+    """The literal keys of the dict ``name = {"key": ..., ...}`` in ``source``, in order (a parse, not an import)."""
+    for node in ast.parse(source.read_text(encoding="utf-8"), str(source)).body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [name]:
+            return tuple(k.value for k in node.value.keys if isinstance(k, ast.Constant))
+    raise ValueError(f"{source}: no dict {name} = {{...}}")
+
+
 NORM_TYPES = declared_norm_types()
 NORM_PLACEMENTS = architecture.choices("norm_placement")  # where a block's norms sit
 QK_NORMS = architecture.choices("qk_norm")  # what QK-norm normalises over
-SCHEDULES = ("cosine", "constant", "wsd")
+SCHEDULES = declared_keys(SCHEDULE_REGISTRY, "SHAPES")  # the learning-rate schedules
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 

@@ -10,11 +10,8 @@ Every placement keeps the names ``ln_1``, ``ln_2`` and ``ln_f`` and every non-no
 name, so the placement changes no other weight's initial value. ``cfg.norm_compute_dtype`` float32 (the
 default) makes every norm compute in fp32 under autocast (``normed``).
 
-Initialisation is explicit and per parameter: after construction, every parameter
-that is not part of a norm layer is drawn again from a generator seeded by
-``(seed, parameter name)``. So a parameter's initial value depends only on the seed,
-its name and its shape, never on which norm (or any other module) was built before
-it, and construction leaves the global RNG untouched.
+Initialisation is per parameter, seeded by ``(seed, parameter name)`` (``init_weights``; why:
+docs/model.md, "Initialisation does not depend on the norm").
 
 Generation reuses the keys and values of the tokens already read (a ``KVCache``, or any of
 transformers' ``Cache`` classes: both have ``update(k, v, layer_idx)``), and a batch of prompts

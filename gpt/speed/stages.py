@@ -1,7 +1,7 @@
 """A budgeted run of stages: each a command under its own time limit, sized from what is left.
 
-Built for a short loan of a machine (``gpt.commands.gpu_check``): the whole run must end inside one
-call's limit, and a stop at any moment must leave what was measured. So stages run in
+Built for the GPU check (``gpt.commands.gpu_check``): the whole run must end inside the budget a user
+gives it, and a stop at any moment (a kill, a preempted VM) must leave what was measured. So stages run in
 the order given, each as a subprocess in its own process group. A stage gets what is left
 of the budget after the least time every later stage needs (their ``min_s``; an ``optional``
 stage's is not kept for it: it runs on time left over), up to its own ``max_s``; where that

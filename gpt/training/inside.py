@@ -48,7 +48,7 @@ STATS_SEQUENCES = 4  # the extra forward pass reads this many sequences of the m
 ATTENTION_SEQUENCES = 2  # the attention logits are (B, nh, T, T): measured on this many of those
 SATURATION = 2.0  # DyT's tanh(alpha x) is saturated past |alpha x| > 2 (tanh(2) = 0.96)
 # each block's norms (ln_1_out, ln_2_out: peri-norm's, on each sublayer's output); the final one is ln_f
-NORMS = ("ln_1", "ln_2", "ln_1_out", "ln_2_out")
+BLOCK_NORMS = ("ln_1", "ln_2", "ln_1_out", "ln_2_out")
 QK_NORM_LAYERS = ("q_norm", "k_norm")  # QK-norm's, in a block's attention
 WATCHED = ("resid_rms", "attn_logit_max")  # the statistics EarlyWarning compares with their recent values
 # Growth is measured from at least this: near-uniform attention at initialisation has logits of ~1-3, and their
@@ -98,7 +98,7 @@ class _Tensors:
         for i, block in enumerate(model.blocks):
             for j, (name, _) in enumerate(block.named_parameters()):
                 module, param = name.rsplit(".", 1)
-                if module.split(".")[-1] in NORMS + QK_NORM_LAYERS:
+                if module.split(".")[-1] in BLOCK_NORMS + QK_NORM_LAYERS:
                     key = f"{module.split('.')[-1]}_{param}_update_ratio"
                     self.norm_keys.setdefault(key, [0] * self.blocks)[i] = i * self.per_block + j
         for j, (name, _) in enumerate(model.ln_f.named_parameters()):
@@ -277,13 +277,13 @@ class StatsProbe:
 
 # the hooks' keys that hold a list per block, even of one block
 _PER_BLOCK = {"resid_rms", "attn_logit_max", "attn_logit_mean"} | {
-    f"{n}_{s}" for n in NORMS for s in ("rms", "max", "saturated")
+    f"{n}_{s}" for n in BLOCK_NORMS for s in ("rms", "max", "saturated")
 }
 
 
 def block_norms(block) -> list[str]:
-    """The names of a block's norms (``NORMS``: two, four under peri-norm)."""
-    return [n for n in NORMS if hasattr(block, n)]
+    """The names of a block's norms (``BLOCK_NORMS``: two, four under peri-norm)."""
+    return [n for n in BLOCK_NORMS if hasattr(block, n)]
 
 
 def attention_logits(

@@ -10,8 +10,8 @@ steps, step ``s`` (0-based) taking ``lr * (s + 1) / W``: the first update uses `
 - ``wsd`` (warmup-stable-decay): ``lr`` until the last ``decay_frac`` of the steps, then linear
   decay to ``min_lr``.
 
-A new schedule is one function in ``SHAPES`` (and its name in ``gpt.config.SCHEDULES``, which
-checks configs without importing this; a test keeps the two equal).
+A new schedule is one function and its entry in ``SHAPES`` (its name a literal: ``gpt.config.SCHEDULES``,
+which checks configs without importing this, reads the keys from this file's source).
 """
 
 from __future__ import annotations

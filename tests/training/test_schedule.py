@@ -5,7 +5,7 @@ import math
 import pytest
 
 from gpt.config import OptimConfig
-from gpt.training.schedule import lr_at, warmup_steps
+from gpt.training.schedule import SCHEDULES, lr_at, warmup_steps
 
 
 def test_warmup_starts_at_lr_over_w_and_peaks_at_its_last_step():
@@ -61,10 +61,23 @@ def test_cosine_ends_exactly_at_min_lr_and_is_halfway_at_its_midpoint():
 
 
 def test_an_unknown_schedule_is_refused_with_the_valid_ones():
-    with pytest.raises(ValueError, match="unknown schedule 'step'; valid: cosine, constant, wsd"):
+    with pytest.raises(ValueError, match=f"unknown schedule 'step'; valid: {', '.join(SCHEDULES)}$"):
         lr_at(50, 100, lr=1e-3, min_lr=0.0, warmup_frac=0.1, schedule="step")
 
 
 def test_one_step_runs_and_a_warmup_of_the_whole_run_are_defined():
     assert lr_at(0, 1, lr=1e-3, min_lr=1e-4, warmup_frac=0.0) == pytest.approx(1e-3)
     assert lr_at(0, 1, lr=1e-3, min_lr=1e-4, warmup_frac=1.0) == pytest.approx(1e-3)  # W = 1: lr / 1
+
+
+def test_the_config_reads_the_schedules_from_shapes_source(tmp_path):
+    """gpt.config checks optim.schedule without importing this module: it reads SHAPES' keys from its source, so a
+    schedule added there is a config choice with no other edit."""
+    from gpt.config import schema
+
+    assert schema.SCHEDULES == SCHEDULES
+    source = schema.SCHEDULE_REGISTRY.read_text()
+    anchor = 'SHAPES = {"cosine": cosine, "constant": constant, "wsd": wsd}'
+    assert anchor in source
+    (tmp_path / "schedule.py").write_text(source.replace(anchor, anchor[:-1] + ', "inverse_sqrt": wsd}'))
+    assert schema.declared_keys(tmp_path / "schedule.py", "SHAPES") == (*SCHEDULES, "inverse_sqrt")

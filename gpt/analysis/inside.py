@@ -71,10 +71,10 @@ class Stats:
         return max(widths, default=0)
 
     def _present(self, key: str, per_block: bool) -> None:
-        lists = [isinstance(r[key], list) for r in self.records if key in r]
-        if not lists:
+        if not any(key in r for r in self.records):
             raise UserError(f"{self.path}: no {key!r} in these stats; keys: {shortened(self.keys, 40)}")
-        if any(lists) != per_block:
+        lists = [isinstance(r[key], list) for r in self.records if r.get(key) is not None]  # null: not measured
+        if lists and any(lists) != per_block:
             other = "scalar" if per_block else "per_block"
             raise UserError(f"{self.path}: {key!r} is {'per block' if any(lists) else 'one number'}; use {other}()")
 

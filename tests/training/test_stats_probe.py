@@ -4,7 +4,9 @@ checked against a hand computation, and the early warning of a run that runs awa
 import contextlib
 import math
 import shutil
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import CONFIGS
@@ -311,3 +313,30 @@ def test_gpt2_small_s_stats_step_counted_on_the_meta_device():
     cost = stats_step_cost(load_config(CONFIGS / "gpt2-small.yaml").model)
     assert (cost["tensors"], cost["host_reads"], cost["bytes_copied"]) == (137, 1, 4 * 163_045_632)
     assert cost["kernel_ops"] < 300, cost
+
+
+def test_an_attention_without_scores_has_its_logits_not_measured_and_the_rest_is(tiny_model_cfg):
+    """An option whose attention computes its dot product without ``Scores`` (a fused kernel of its own, say):
+    the stats step records the attention logits as null (not measured) instead of failing, and measures the rest."""
+
+    class Fused(torch.nn.Module):  # the same function, not the probe's place
+        def forward(self, q, k):
+            return q, k
+
+    model = GPT(tiny_model_cfg(), seed=0)
+    for block in model.blocks:
+        block.attn.scores = Fused()
+    idx = torch.randint(0, 97, (4, 16), generator=torch.Generator().manual_seed(0))
+    model(idx[:, :-1], idx[:, 1:])[1].backward()
+    probe = StatsProbe(every=1)
+    probe.measure(model, idx, contextlib.nullcontext, None)
+    probe.after_update(model)
+    record = probe.take(step=1, tokens=64)
+    assert record["attn_logit_max"] is None and record["attn_logit_mean"] is None
+    assert len(record["resid_rms"]) == 3 and len(record["ln_1_rms"]) == 2 and record["embed_grad_norm"] > 0
+    assert EarlyWarning(10.0, 5).check(record) == []  # nothing to say of what was not measured
+    # the run's charts read it as not measured (nan), the other statistics as measured
+    from gpt.analysis.inside import Stats
+
+    stats = Stats(Path("stats.jsonl"), [record])
+    assert np.isnan(stats.per_block("attn_logit_max")).all() and stats.per_block("ln_1_rms").shape == (1, 2)

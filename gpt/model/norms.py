@@ -3,8 +3,10 @@
 Each norm type is declared once, as a ``NormType`` in the registry at the end of this file (its
 name, builder, module types, own parameters with defaults and docs); ``NORM_TYPES``,
 ``NORM_MODULES``, ``NORM_PARAMS`` and ``make_norm`` derive from it, and so do the config's choices
-and the Hub export's config keys. This file is shipped verbatim to the Hub beside the weights
-(``gpt.publish.layouts``), so it imports torch and the standard library only.
+(read from this file's source). A norm parameter is also an option of the architecture spec
+(``gpt.config.architecture``: the config key and the Hub export; a test holds the two equal). This
+file is shipped verbatim to the Hub beside the weights (``gpt.publish.layouts``), so it imports torch
+and the standard library only.
 
 All layers here map ``(..., D) -> (..., D)`` and act on the last dimension only.
 Their parameters are called ``weight`` (scale) and ``bias`` (shift), as in
@@ -201,12 +203,6 @@ for _norm in (
 def is_norm(module: nn.Module) -> bool:
     """Whether ``module`` is a norm layer (of any registered type, those registered later included)."""
     return isinstance(module, NORM_MODULES)
-
-
-def norm_param_values(cfg: Any) -> dict[str, Any]:
-    """Every registered norm parameter's value in ``cfg`` (its default where ``cfg`` has none), by config key:
-    what a published config.json carries, so that no norm parameter needs code of its own there."""
-    return {name: _param(cfg, p) for name, p in NORM_PARAMS.items()}
 
 
 def _param(cfg: Any, p: NormParam) -> Any:

@@ -162,7 +162,7 @@ def test_native_gpt2_export_loads_without_remote_code(runs, hub):
         hub, ROOT / "scripts" / "push_to_hub.py", runs["pytorch_rmsnorm"], "--repo", "me/rms", "--native-gpt2"
     )
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1
-    assert "GPT2LMHeadModel has LayerNorm only, and this model's norm is pytorch_rmsnorm" in refused.stderr
+    assert "GPT2LMHeadModel cannot compute this model: model.norm_type pytorch_rmsnorm (GPT-2: " in refused.stderr
     assert "me/rms" not in hub.repos  # refused before anything was created
 
 

@@ -259,8 +259,9 @@ class StatsProbe:
         for block in model.blocks:
             handles.append(block.register_forward_pre_hook(resid))
             handles += [getattr(block, n).register_forward_hook(norm_out(n)) for n in block_norms(block)]
-            taps = [m for m in block.modules() if isinstance(m, Scores)]
-            handles += [tap.register_forward_hook(scores) for tap in taps[:1]]
+            tap = next((m for m in block.modules() if isinstance(m, Scores)), None)  # None: not measured
+            if tap is not None:
+                handles.append(tap.register_forward_hook(scores))
         return handles
 
     @staticmethod

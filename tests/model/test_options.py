@@ -42,8 +42,6 @@ def fitting(key: str, value) -> dict:
     settings = {**TINY, key: value}
     if key == "qk_norm_type":  # a QK-norm type is built only with a QK-norm
         settings["qk_norm"] = "head" if value != "no_norm" else "none"
-    if key == "norm_type" and value == "no_norm" or key == "qk_norm" and value != "none":
-        settings.setdefault("qk_norm_type", "pytorch_rmsnorm")
     if key == "size":
         settings = {"size": value}  # it sets the shape itself
     return settings

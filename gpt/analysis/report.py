@@ -11,7 +11,13 @@ import math
 from pathlib import Path
 
 from gpt.analysis import stats
-from gpt.analysis.selection import edge_line
+from gpt.analysis.selection import (
+    LEVEL_EACH,
+    SINGLE_STAGE_COVERED,
+    SINGLE_STAGE_MISSED,
+    direction,
+    edge_line,
+)
 from gpt.evaluation.tasks import TASKS
 from gpt.run.directory import STATS_FILE
 
@@ -125,21 +131,26 @@ def selection_lines(selection: dict | None) -> list[str]:
     lines += [f"- {line}" for line in filter(None, (edge_line(f, key) for f in selection["families"]))]
     o = selection.get("optimism") or {"families": {}, "rho": math.nan}
     bounds = [(label, b) for label, b in o["families"].items() if b is not None]
+    level = 100 * (1 - 2 * (1 - o.get("level_each", LEVEL_EACH)))
     return lines + [
         "- The test losses, intervals and p-values at the chosen rates do not account for the selection: they "
         "treat each rate as fixed before the runs. The rate was chosen on the same runs whose test losses are "
         "reported; the test tokens chose nothing, but a run's validation and test losses are nearly the same draw "
-        f"(correlation {_fmt(o['rho'], '.3f')} here, around each rate's mean), so a rate that won because its seeds "
-        "happened to train well carries that luck into its test loss. Each chosen rate's test loss is low by up to "
-        "about rho x sd x E[max of K normals] / sqrt(n) (sd: the seeds' spread of validation loss, n: seeds, K: "
-        f"rates within {o.get('near_within_se', 2):g} standard errors of the best, the ones that could have won by "
-        "luck); the difference between two norm types is biased towards the one with the larger bound (more rates "
-        "near its best), and more seeds shrink the bias only as they shrink the standard error, so the interval's "
-        "coverage stays below 95%. Simulated (tests/analysis/test_selection_coverage.py), the interval covered "
-        "the true difference 90-93% of the time and missed on the favoured side 6-10% (nominal 2.5%).",
+        f"(correlation {_fmt(o['rho'], '.3f')} here, lower limit {_fmt(o.get('rho_low'), '.3f')}, from the runs "
+        "once each rate's and each seed's effect are taken out), so a rate that won because its seeds happened "
+        "to train well carries that luck into its test loss. Each chosen rate's test loss reads low by about "
+        "rho x sd / sqrt(n) x E[how far the winner's mean lands below its own] (sd: the run noise once each "
+        "seed's shared effect is taken out, n: seeds; the expectation over the rates' curve, its means shrunk "
+        f"by the share of their spread the noise explains), and by at most the {level:g}% upper limit (the "
+        "correlation taken as 1, sd and the curve's gaps at their limits). The difference between two norm types "
+        "is biased towards the one whose test loss reads lower; which one is said only where one's lower limit "
+        "exceeds the other's upper. More seeds shrink the bias only as they shrink the standard error, so the "
+        "interval's coverage stays below 95%. Simulated (tests/analysis/test_selection_coverage.py), the interval "
+        f"covered the true difference {'-'.join(map(str, SINGLE_STAGE_COVERED))}% of the time and missed on the "
+        f"favoured side {'-'.join(map(str, SINGLE_STAGE_MISSED))}% (nominal 2.5%).",
         *(
-            f"  - {label}: about {_fmt(b['bound'], '.4f')} (K={b['k_near']} of {b['k']} rates near the best, sd "
-            f"{_fmt(b['sd'], '.4f')}, n={b['n']}); {_fmt(b['worst'], '.4f')} were all {b['k']} equally good"
+            f"  - {label}: about {_fmt(b['bound'], '.4f')}, at most {_fmt(b['upper'], '.4f')}, at least "
+            f"{_fmt(b['lower'], '.4f')} ({b['k']} rates, sd {_fmt(b['sd'], '.4f')} on {b['df']} df, n={b['n']})"
             for label, b in bounds
         ),
         "- For 95% intervals, choose on some seeds and report on others: sweep.py --lrs ... --seeds S... "
@@ -340,15 +351,17 @@ def _decay_lines(result: dict) -> list[str]:
 
 
 def _optimism_text(group: str, ours: dict, baseline: str, theirs: dict) -> str:
-    """Which way a difference at rates chosen on its own runs is biased, and by about how much."""
-    if ours["bound"] == theirs["bound"]:
-        towards = "neither more than the other"
-    else:
-        towards = group if ours["bound"] > theirs["bound"] else baseline
+    """How a difference at rates chosen on its own runs is biased: each side's optimism, the range of the bias,
+    and towards which norm type where the bounds say it (``gpt.analysis.selection.direction``)."""
+    towards = direction(group, ours, baseline, theirs)
+    said = (
+        f"favours {towards}" if towards else "direction unclear: neither side's lower limit exceeds the other's upper"
+    )
     return (
-        f"(optimistic, towards {towards}: {group} low by about {_fmt(ours['bound'], '.4f')} (at most "
-        f"{_fmt(ours['worst'], '.4f')}), {baseline} by about {_fmt(theirs['bound'], '.4f')} (at most "
-        f"{_fmt(theirs['worst'], '.4f')}))"
+        f"(optimistic, {said}: {group} reads low by about {_fmt(ours['bound'], '.4f')} (at most "
+        f"{_fmt(ours['upper'], '.4f')}), {baseline} by about {_fmt(theirs['bound'], '.4f')} (at most "
+        f"{_fmt(theirs['upper'], '.4f')}); the difference's bias lies in [{_fmt(-ours['upper'], '+.4f')}, "
+        f"{_fmt(theirs['upper'], '+.4f')}])"
     )
 
 

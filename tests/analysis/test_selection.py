@@ -109,25 +109,30 @@ def test_validation_chooses_the_rate_and_the_test_loss_is_the_chosen_rates(grid,
     assert "| pytorch_layernorm | 0.0007 | 1 of 2 | n/a | n/a | n/a | n/a | not eligible: seed 1 diverged" in md
     saved = json.loads((out / "comparison.json").read_text())
     assert saved["selection"]["families"][0]["chosen_value"] == 1.4e-3
+
     # the rates were chosen on these runs: the intervals say they are optimistic, and by about how much
-    resid = [
-        (np.array(vals) - np.mean(vals), np.array(tests) - np.mean(tests))
-        for vals, tests in LOSSES.values()
-        if None not in vals
-    ]
-    v, t = (np.concatenate(x) for x in zip(*resid, strict=True))
+    def double_centred(norm):  # each run's residual once its rate's and its seed's effects are taken out
+        vals, tests = (np.array([LOSSES[norm, r][i] for r in RATES if None not in LOSSES[norm, r][0]]) for i in (0, 1))
+        return [m - m.mean(1, keepdims=True) - m.mean(0, keepdims=True) + m.mean() for m in (vals, tests)]
+
+    (hv, ht), (pv, pt_) = double_centred("handrolled_layernorm"), double_centred("pytorch_layernorm")
+    v, t = np.concatenate([hv.ravel(), pv.ravel()]), np.concatenate([ht.ravel(), pt_.ravel()])
     rho = max(0.0, np.sum(v * t) / np.sqrt(np.sum(v * v) * np.sum(t * t)))
     optimism = saved["selection"]["optimism"]
-    assert optimism["rho"] == pytest.approx(rho)
-    sd = np.sqrt(np.mean([np.var(LOSSES["handrolled_layernorm", r][0], ddof=1) for r in RATES]))
+    assert optimism["rho"] == pytest.approx(rho) and optimism["rho_df"] == 2 + 1  # (3-1)(2-1) + (2-1)(2-1)
     hr = optimism["families"]["handrolled_layernorm"]
-    assert (hr["k"], hr["k_near"], hr["n"]) == (3, 1, 2)  # 2.8e-3 is 0.035 above the best: beyond 2 se (0.024)
-    assert hr["worst"] == pytest.approx(rho * sd * 0.846284 / np.sqrt(2), rel=1e-4) and hr["bound"] == 0
+    assert (hr["k"], hr["n"], hr["df"]) == (3, 2, 2)
+    assert hr["sd"] == pytest.approx(np.sqrt(np.sum(hv**2) / 2) / (np.sqrt(np.pi) / 2))  # unbiased: c4(2 df)
+    for b in optimism["families"].values():
+        assert 0 <= b["lower"] <= b["bound"] <= b["upper"]
+    pt = optimism["families"]["pytorch_layernorm"]
     assert "vs baseline (nominal 95% CI, optimistic: rates chosen on these runs)" in md
     assert (
-        "paired, 2 pairs (optimistic, towards neither more than the other: pytorch_layernorm, optim.lr=0.0028 low"
-        in (md)
-    )
+        "paired, 2 pairs (optimistic, direction unclear: neither side's lower limit exceeds the other's upper: "
+        f"pytorch_layernorm, optim.lr=0.0028 reads low by about {pt['bound']:.4f} (at most {pt['upper']:.4f}), "
+        f"handrolled_layernorm, optim.lr=0.0014 by about {hr['bound']:.4f} (at most {hr['upper']:.4f}); the "
+        f"difference's bias lies in [{-pt['upper']:+.4f}, {hr['upper']:+.4f}])"
+    ) in md
     assert "so the intervals below are not 95% intervals: they are optimistic" in md
     assert "- handrolled_layernorm: the chosen optim.lr" not in md  # 1.4e-3 is inside the grid: no edge flagged
     assert "- pytorch_layernorm: the chosen optim.lr 0.0028 is the grid's highest: its best rate may lie above" in md

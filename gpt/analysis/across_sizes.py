@@ -25,7 +25,7 @@ from gpt.analysis.selection import LR_KEY
 from gpt.analysis.table import compare, json_safe
 from gpt.common.errors import UserError
 from gpt.common.files import write_atomically, write_json
-from gpt.config.sizes import SIZE_KEY, SIZE_KEYS, SIZES
+from gpt.config.sizes import SIZE_KEY, SIZE_KEYS, SIZES, mixed_shapes
 from gpt.run.directory import COMPARISON_FILE
 
 SCALING_CHART = "scaling.png"
@@ -77,7 +77,7 @@ def compare_sizes(
     *,
     predict_at: float | None = None,
     form: str = "auto",
-    irreducible: float = 0.0,
+    irreducible: float | None = None,
     failed: dict[str, str] | None = None,
     plots: bool = True,
     **options,
@@ -88,6 +88,12 @@ def compare_sizes(
     result, named in the report; ``options``: ``gpt.analysis.table.compare``'s, applied within each size."""
     if form not in scaling.FORMS:
         raise UserError(f"--form {form}: one of {', '.join(scaling.FORMS)}")
+    if form == "saturating" and irreducible is not None:
+        raise UserError(
+            f"--irreducible {irreducible:g} with --form saturating: E + A*N^-alpha fits its own E; drop --irreducible, "
+            "or fit the log-log line of L - E0 with --form power"
+        )
+    irreducible = irreducible or 0.0
     allow_differ = list(options.get("allow_differ") or ())
     vary = list(dict.fromkeys([*(options.get("vary") or ()), *([LR_KEY] if options.get("select_on") else [])]))
     load = {k: options[k] for k in LOAD_KEYS if k in options}
@@ -113,10 +119,11 @@ def compare_sizes(
     return result
 
 
-def _norm_points(sizes: list[dict]) -> tuple[str, dict[str, list[dict]]]:
+def _norm_points(sizes: list[dict]) -> tuple[str, dict[str, list[dict]], dict[str, list[str]]]:
     """The baseline norm type and, per norm type, a point per size where it has evaluated runs: the size, N,
     FLOPs, its seeds' test losses (by seed), their mean, its paired differences to the baseline seed by seed and
-    the size's comparison of the two (``gpt.analysis.stats.difference``, as its own report gives it)."""
+    the size's comparison of the two (``gpt.analysis.stats.difference``, as its own report gives it); and per
+    norm type a line for each size where none of its runs has a finite test loss (left out, and said)."""
     points: dict[str, list[dict]] = {}
     bases = {s["size"]: _norm_of(s["comparison"], s["comparison"]["baseline"]) for s in sizes}
     if len(set(bases.values())) > 1:
@@ -126,25 +133,36 @@ def _norm_points(sizes: list[dict]) -> tuple[str, dict[str, list[dict]]]:
             + "): give --baseline NORM_TYPE, one that every size has"
         )
     base = next(iter(bases.values()))
+    without: dict[str, list[str]] = {}  # norm type -> a line per size where it has no loss
     for s in sizes:
         comparison = s["comparison"]
         losses = {}
+        absent = {}  # group -> seed -> why it has no loss here
         for row in comparison["groups"]:
             runs = [r for r in row["runs"] if r["status"] == "completed" and r["test_loss"] is not None]
-            losses[row["group"]] = {r["seed"]: r["test_loss"] for r in runs}
+            losses[row["group"]] = {r["seed"]: r["test_loss"] for r in runs if math.isfinite(r["test_loss"])}
+            absent[row["group"]] = {r["seed"]: f"{Path(r['path']).name}: {r['reason']}" for r in row["left_out"]}
+            absent[row["group"]] |= {
+                r["seed"]: f"{Path(r['path']).name}: test loss {r['test_loss']}"
+                for r in runs
+                if not math.isfinite(r["test_loss"])
+            }
         base_losses = losses[comparison["baseline"]]
         for row in comparison["groups"]:
             norm, mine = row["values"][AXIS], losses[row["group"]]
+            if not mine and s["n_params"] is not None:  # every run of it diverged or failed here: said, not dropped
+                why = "; ".join(f"seed {k}: {v}" for k, v in absent[row["group"]].items()) or "no runs"
+                without.setdefault(norm, []).append(f"{s['size']} left out: no run with a finite test loss ({why})")
             if not mine or s["n_params"] is None:
                 continue
             v = row["vs_baseline"]
             points.setdefault(norm, []).append({
                 "size": s["size"], "n_params": s["n_params"], "flops": s["flops"], "group": row["group"],
-                "losses": mine, "mean": float(np.mean(list(mine.values()))),
+                "losses": mine, "absent": absent[row["group"]], "mean": float(np.mean(list(mine.values()))),
                 "gaps": {k: mine[k] - base_losses[k] for k in mine if k in base_losses},
                 "gap": None if v is None else {k: v.get(k) for k in ("diff", "se", "df", "low", "high", "method")},
             })  # fmt: skip
-    return base, points
+    return base, points, without
 
 
 def _norm_of(comparison: dict, group: str) -> str:
@@ -162,7 +180,36 @@ def _fit(points: list[dict], x_key: str, form: str, irreducible: float, predict_
     """One norm type's fit against ``x_key`` (n_params or flops) at its sizes, or why it has none. ``auto`` takes
     the saturating form only where its E comes out identified (``_unidentified``), else the log-log line, and
     says why; a saturating fit asked for by name keeps its numbers and says what is wrong with them."""
-    points = [p for p in points if p[x_key]]
+    points, left_out = _spread_points([p for p in points if p[x_key]], "losses")
+    fit = _fit_chosen(points, x_key, form, irreducible, predict_at)
+    if left_out:
+        fit["left_out"] = left_out
+    if predict_at is not None and "predicted" in fit and form == "auto":  # the other form, where it fits
+        other = "power" if fit["form"] == "saturating" else "saturating"
+        alt = _fit_form(points, x_key, other, irreducible, predict_at)
+        if "predicted" in alt:
+            fit["other_form"] = {"form": other, "formula": alt["formula"], "predicted": alt["predicted"],
+                                 "problem": _unidentified(alt) if other == "saturating" else None}  # fmt: skip
+    return fit
+
+
+def _spread_points(points: list[dict], key: str) -> tuple[list[dict], list[str]]:
+    """``points`` without the sizes whose one seed gives no spread where other sizes have two or more (their
+    intervals would be NaN), and a line per size left out naming the seeds it lacks and why."""
+    seeds = sorted({k for p in points for k in p[key]}, key=lambda k: (len(k), k))
+    if len(seeds) < 2:
+        return points, []
+    kept, said = [], []
+    for p in points:
+        if len(p[key]) >= 2:
+            kept.append(p)
+            continue
+        lacks = [f"seed {k} ({p.get('absent', {}).get(k, 'no run')})" for k in seeds if k not in p[key]]
+        said.append(f"{p['size']} left out: it has {len(p[key])} seed(s), no spread; it lacks {', '.join(lacks)}")
+    return kept, said
+
+
+def _fit_chosen(points: list[dict], x_key: str, form: str, irreducible: float, predict_at: float | None) -> dict:
     chosen = scaling.chosen_form(form, len(points))
     fit = _fit_form(points, x_key, chosen, irreducible, predict_at)
     problem = _unidentified(fit) if chosen == "saturating" else None
@@ -212,16 +259,22 @@ def _fit_form(points: list[dict], x_key: str, form: str, irreducible: float, pre
 
 def _trend(points: list[dict], norm: str, base: str) -> dict:
     """The slope of ``norm``'s paired gap to the baseline against log10 N, with its interval and one line."""
-    paired = [p for p in points if p["gaps"]]
+    paired, left_out = _spread_points([p for p in points if p["gaps"]], "gaps")
+    said = f"; {'; '.join(left_out)}" if left_out else ""
     if len(paired) < 2:
-        return {"verdict": f"no trend: {norm} is paired with {base} at {len(paired)} size(s); it needs 2 or more"}
+        return {
+            "verdict": f"no trend: {norm} is paired with {base} at {len(paired)} size(s); it needs 2 or more{said}",
+            "left_out": left_out,
+        }
     n = np.array([p["n_params"] for p in paired], float)
     slope = scaling.first(scaling.trend_many(n, seed_matrix(paired, "gaps")))
     slope["center_log10_n"] = float(np.log10(n).mean())
     slope["gap_at_center"] = float(np.mean([np.mean(list(p["gaps"].values())) for p in paired]))
     slope["sizes"] = [p["size"] for p in paired]
+    slope["left_out"] = left_out
     if not math.isfinite(slope["low"]):
-        return {**slope, "verdict": "no trend interval: the seeds give no spread (one seed at a size, or equal gaps)"}
+        why = "one seed at every size" if max(len(p["gaps"]) for p in paired) < 2 else "equal gaps"
+        return {**slope, "verdict": f"no trend interval: the seeds give no spread ({why}){said}"}
     interval = f"{slope['mean']:+.4f} [{slope['low']:+.4f}, {slope['high']:+.4f}] per 10x parameters"
     if not slope["low"] <= 0 <= slope["high"]:  # the interval excludes no change
         grows = (slope["mean"] > 0) == (slope["gap_at_center"] > 0)
@@ -229,21 +282,23 @@ def _trend(points: list[dict], norm: str, base: str) -> dict:
         verdict = f"the gap {'grows' if grows else 'shrinks'} with size: {norm} {side} {base} by {interval}"
     else:
         verdict = f"no trend detected: a constant gap fits; {norm} - {base} changes by {interval}"
-    return {**slope, "verdict": f"{verdict} (p = {slope['p']:.3g}, {len(paired)} sizes, {slope['method']})"}
+    return {**slope, "verdict": f"{verdict} (p = {slope['p']:.3g}, {len(paired)} sizes, {slope['method']}){said}"}
 
 
 def _result(sizes: list[dict], predict_at: float | None, form: str, irreducible: float) -> dict:
-    base, points = _norm_points(sizes)
+    base, points, without = _norm_points(sizes)
     norms = {}
     for norm, pts in points.items():
         norms[norm] = {
             "points": pts,
+            "sizes_without": without.get(norm, []),
             "fit_n_params": _fit(pts, "n_params", form, irreducible, predict_at),
             "fit_flops": _fit(pts, "flops", form, irreducible, None),
             "trend": None if norm == base else _trend(pts, norm, base),
         }
     return {
         "baseline": base,
+        "mixed_shapes": mixed_shapes([s["size"] for s in sizes]),
         "predict_at": predict_at,
         "sizes": [
             {k: s[k] for k in ("size", "n_params", "tokens", "flops", "folder")}
@@ -292,6 +347,28 @@ def _fit_line(fit: dict) -> str:
     return words + (f"; but {fit['warning']}" if fit.get("warning") else "")
 
 
+def _prediction_lines(fit: dict) -> list[str]:
+    """The predicted test loss, by which form, and the other form's where their intervals do not overlap: an
+    interval covers the seeds' noise for one form, not the choice between forms."""
+    pred = fit.get("predicted")
+    if pred is None:
+        return []
+    kind = "an extrapolation beyond the sizes fitted" if pred["extrapolation"] else "within the sizes fitted"
+    lines = [
+        f"  - predicted test loss at N = {_count(pred['at'])} by {fit['formula']}: {_ci(pred)} ({kind}; the "
+        "interval is over seeds for this form and does not cover the choice of form)"
+    ]
+    other = fit.get("other_form")
+    if other and not (other["predicted"]["low"] <= pred["high"] and pred["low"] <= other["predicted"]["high"]):
+        but = f", though {other['problem']}" if other.get("problem") else ""
+        lines.append(
+            f"  - **the forms disagree**: {other['formula']} predicts {_ci(other['predicted'])}{but}; the intervals "
+            "do not overlap, so the prediction depends on the form more than on the seeds: these sizes cannot "
+            "tell which holds at that size"
+        )
+    return lines
+
+
 def markdown(result: dict) -> str:
     """The comparison across sizes as Markdown (from the result alone, as comparison.json holds it)."""
     result = escaped(result)
@@ -303,6 +380,8 @@ def markdown(result: dict) -> str:
         "weights + attention, per token, x tokens).",
         "",
     ]
+    if result.get("mixed_shapes"):
+        lines += [f"**Not one ladder:** {result['mixed_shapes']}; read the fits below with that in mind.", ""]
     if any(s["chosen_rates"] for s in result["sizes"]):
         lines += [
             "Each norm type's learning rate was chosen on validation loss at each size (sizes/<size>/comparison.md, "
@@ -338,17 +417,16 @@ def markdown(result: dict) -> str:
     for norm, n in result["norms"].items():
         lines.append(f"- **{norm}** against N ({n['fit_n_params']['formula']}): {_fit_line(n['fit_n_params'])}")
         lines.append(f"  - against training FLOPs: {_fit_line(n['fit_flops'])}")
-        pred = n["fit_n_params"].get("predicted")
-        if pred is not None:
-            kind = "an extrapolation beyond the sizes fitted" if pred["extrapolation"] else "within the sizes fitted"
-            lines.append(f"  - predicted test loss at N = {_count(pred['at'])}: {_ci(pred)} ({kind})")
+        for said in [*n.get("sizes_without", []), *(n["fit_n_params"].get("left_out") or [])]:
+            lines.append(f"  - {said}")
+        lines += _prediction_lines(n["fit_n_params"])
     lines += ["", "## The gap to the baseline with size", ""]
     for norm, n in result["norms"].items():
         if n["trend"] is None:
             continue
         gaps = [f"{p['size']}: {_gap(p['gap'])}" for p in n["points"] if p["gap"] is not None]
         lines += [f"- **{norm}** - {result['baseline']}, paired by seed: {'; '.join(gaps)}"]
-        lines += [f"  - {n['trend']['verdict']}"]
+        lines += [f"  - {n['trend']['verdict']}"] + [f"  - {said}" for said in n.get("sizes_without", [])]
     for f in result.get("failed") or []:
         lines += ["", f"**Failed, no result:** {f['run']}: {f['error']}"]
     return "\n".join(lines) + "\n"

@@ -48,6 +48,7 @@ FORMULA = {"saturating": "E + A*N^-alpha", "power": "log(L - E0) = log A - alpha
 ALPHA_GRID = np.geomspace(1e-3, 4.0, 200)  # where the saturating fit's alpha is searched
 SEED_BY_SEED = "seed by seed"  # how an interval's se was found (``spread``)
 BY_SIZE = "by size, Satterthwaite"
+PREDICTABLE = (1e3, 1e15)  # the parameter counts --predict-at accepts
 GOLDEN_STEPS = 48  # golden-section steps after the grid: the bracket shrinks by 0.618^48 ~ 1e-10
 
 
@@ -244,9 +245,21 @@ def add_arguments(parser, sweep: bool = False) -> None:
 
     def count(text: str) -> float:
         try:
-            return parse_count(text)
+            value = parse_count(text)
         except ValueError as e:
             raise ArgumentTypeError(str(e)) from None
+        if not PREDICTABLE[0] <= value <= PREDICTABLE[1]:
+            raise ArgumentTypeError(f"{text!r}: a model's parameter count, between 1k and 1000T")
+        return value
+
+    def irreducible(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < 0:
+            raise ArgumentTypeError(f"{text!r}: a loss in nats, finite and 0 or more")
+        return value
 
     add = parser.add_argument
     add("--predict-at", type=count, metavar="N", help="also predict each norm type's test loss at N parameters "
@@ -260,7 +273,8 @@ def add_arguments(parser, sweep: bool = False) -> None:
         "loss fitted against size per norm type, and the gap's trend with size")  # fmt: skip
     add("--form", choices=FORMS, default="auto", help="saturating: E + A*N^-alpha (4 sizes or more); power: the "
         "log-log line of L - E0 (2 or more); auto (default): saturating from 4 sizes")  # fmt: skip
-    add("--irreducible", type=float, default=0.0, metavar="E0", help="the power form's irreducible loss (default 0)")
+    add("--irreducible", type=irreducible, default=None, metavar="E0", help="the power form's irreducible loss "
+        "(default 0; the saturating form fits its own E)")  # fmt: skip
 
 
 def parse_count(text: str) -> float:

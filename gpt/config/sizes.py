@@ -47,6 +47,22 @@ SIZE_KEY = "model.size"
 SIZE_KEYS = (SIZE_KEY, *(f"model.{k}" for k in Size(1, 1, 1).settings()))  # what only a size may change
 
 
+def mixed_shapes(names: list[str]) -> str | None:
+    """Why ``names`` (rungs) are not one ladder, or None: a fit across sizes of several aspect ratios mixes the
+    shape's effect on the loss with the size's."""
+    shapes: dict[int, list[str]] = {}
+    for name in (n for n in names if n in SIZES):
+        size = SIZES[name]
+        shapes.setdefault(size.d_model // size.n_layers, []).append(name)
+    if len(shapes) < 2:
+        return None
+    return (
+        "the sizes mix aspect ratios ("
+        + "; ".join(f"d_model/n_layers {ratio}: {' '.join(rungs)}" for ratio, rungs in shapes.items())
+        + "): one curve across them mixes the shape's effect with the size's"
+    )
+
+
 def sized(model: dict) -> dict:
     """A model section with its ``size`` (if it names a rung) applied: n_layers, d_model and n_heads the rung's."""
     size = SIZES.get(model.get("size")) if isinstance(model.get("size"), str) else None

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
+from gpt.analysis.scaling import NEEDS
 from gpt.analysis.selection import LR_KEY
 from gpt.common.errors import UserError
 from gpt.config import Config, load_config
-from gpt.config.sizes import SIZE_KEY, SIZES
+from gpt.config.sizes import SIZE_KEY, SIZES, mixed_shapes
 from gpt.run.directory import RunDir
 
 
@@ -147,8 +148,14 @@ def _cell_keys(norm_type: str, seed: int, init: int | None, name: str, runs_dir:
 def check_size_axis(sizes: list[str] | None, confirm_seeds: list[int] | None, predict_at: float | None) -> None:
     """Refuse what a sweep cannot do with (or without) a size axis: a prediction with no sizes to fit, and a
     confirmation stage per size (not built: each size's rate is chosen on its own grid, and said optimistic)."""
-    if predict_at is not None and not sizes:
-        raise UserError("--predict-at predicts from a fit across sizes: give --sizes (three or more)")
+    if predict_at is not None and len(sizes or ()) < NEEDS["power"]:
+        raise UserError(
+            f"--predict-at predicts from a fit across sizes: give --sizes with {NEEDS['power']} or more "
+            f"({NEEDS['saturating']} or more for E + A*N^-alpha); {len(sizes or ())} given"
+        )
+    mixed = mixed_shapes(sizes) if sizes and all(s in SIZES for s in sizes) else None
+    if mixed:
+        raise UserError(f"--sizes {' '.join(sizes)}: {mixed}; take the sizes from one ladder (gpt.config.sizes)")
     if sizes and confirm_seeds:
         raise UserError(
             "--confirm-seeds with --sizes: a confirmation stage per size is not built; sweep --sizes with --lrs "

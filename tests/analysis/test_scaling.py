@@ -144,3 +144,100 @@ def test_auto_keeps_the_saturating_form_only_where_it_identifies_e():
     assert across_sizes._fit(points_of(1.5), "flops", "auto", 0.0, None)["not_fitted"].startswith(
         "not fitted: log(L - E0) = log A - alpha*log N has 2 parameters and these runs have 0 sizes (none)"
     )  # no FLOPs recorded
+
+
+def test_a_size_with_one_seed_is_left_out_and_named_not_a_silent_nan():
+    points = points_of(1.5, seeds=2)
+    del points[2]["losses"]["1"]
+    points[2]["absent"] = {"1": "ln-1x16-s1: diverged at step 40"}
+    fit = across_sizes._fit(points, "n_params", "power", 0.0, 1e6)
+    assert fit["sizes"] == ["s0", "s1", "s3"] and math.isfinite(fit["alpha"]["low"])
+    assert math.isfinite(fit["predicted"]["low"]) and fit["predicted"]["low"] < fit["predicted"]["high"]
+    assert fit["left_out"] == [
+        "s2 left out: it has 1 seed(s), no spread; it lacks seed 1 (ln-1x16-s1: diverged at step 40)"
+    ]
+    for p in points:
+        p["gaps"] = {k: v - 3.0 for k, v in p["losses"].items()}
+    trend = across_sizes._trend(points, "rms", "ln")
+    assert trend["sizes"] == ["s0", "s1", "s3"] and math.isfinite(trend["low"])
+    assert trend["verdict"].endswith("; s2 left out: it has 1 seed(s), no spread; it lacks seed 1 (ln-1x16-s1: "
+                                     "diverged at step 40)")  # fmt: skip
+    one_seed = points_of(1.5, seeds=1)
+    for p in one_seed:
+        p["gaps"] = {"0": p["losses"]["0"] - 3.0}
+    assert "(one seed at every size)" in across_sizes._trend(one_seed, "rms", "ln")["verdict"]
+
+
+def comparison_of(size, n, losses):
+    """One size's comparison as compare() leaves it: two norm types (group = norm), runs by seed; a None loss is
+    a run left out (diverged)."""
+    groups = []
+    for norm, by_seed in losses.items():
+        runs = [{"status": "completed", "seed": k, "test_loss": v, "path": f"runs/{norm}-{size}-s{k}"}
+                for k, v in by_seed.items() if v is not None]  # fmt: skip
+        left = [{"seed": k, "path": f"runs/{norm}-{size}-s{k}", "reason": "diverged (non-finite loss at step 7)"}
+                for k, v in by_seed.items() if v is None]  # fmt: skip
+        groups.append({"group": norm, "values": {"model.norm_type": norm}, "runs": runs, "left_out": left,
+                       "vs_baseline": None})  # fmt: skip
+    return {"size": size, "n_params": n, "tokens": 20 * n, "flops": None, "folder": f"sizes/{size}",
+            "comparison": {"baseline": "ln", "groups": groups, "shared": {}}}  # fmt: skip
+
+
+def test_a_nan_loss_and_a_norm_type_with_no_run_at_a_size_are_named_not_fitted():
+    sizes = [comparison_of(f"s{i}", float(n), {"ln": {"0": 3.0 - i / 10, "1": 3.01 - i / 10},
+                                               "none": {"0": 3.2 - i / 10, "1": 3.22 - i / 10}})
+             for i, n in enumerate(N[:4])]  # fmt: skip
+    sizes[1]["comparison"]["groups"][1]["runs"][1]["test_loss"] = math.nan
+    sizes[3] = comparison_of("s3", float(N[3]), {"ln": {"0": 2.7, "1": 2.71}, "none": {"0": None, "1": None}})
+    result = across_sizes._result(sizes, None, "power", 0.0)
+    none = result["norms"]["none"]
+    assert [p["size"] for p in none["points"]] == ["s0", "s1", "s2"]
+    assert none["points"][1]["losses"] == {"0": pytest.approx(3.1)}  # the NaN is no loss, and fits nothing
+    assert none["fit_n_params"]["left_out"] == [
+        "s1 left out: it has 1 seed(s), no spread; it lacks seed 1 (none-s1-s1: test loss nan)"
+    ]
+    assert none["sizes_without"] == [
+        "s3 left out: no run with a finite test loss (seed 0: none-s3-s0: diverged (non-finite loss at step 7); "
+        "seed 1: none-s3-s1: diverged (non-finite loss at step 7))"
+    ]
+    md = across_sizes.markdown(result)
+    assert md.count("s3 left out: no run with a finite test loss") == 2  # under its fit and under its trend
+    assert "s1 left out: it has 1 seed(s)" in md and "nan" not in md.replace("test loss nan", "")
+    assert result["mixed_shapes"] is None and "Not one ladder" not in md
+    for s, name in zip(sizes, ("1x16", "2x32", "3x48", "1x64")):  # runs trained before sweeps refused such ladders
+        s["size"] = name
+    md = across_sizes.markdown(across_sizes._result(sizes, None, "power", 0.0))
+    assert ("**Not one ladder:** the sizes mix aspect ratios (d_model/n_layers 16: 1x16 2x32 3x48; d_model/n_layers "
+            "64: 1x64): one curve across them mixes the shape's effect with the size's") in md  # fmt: skip
+
+
+def test_the_prediction_names_its_form_and_shows_the_other_where_they_disagree():
+    fit = across_sizes._fit(points_of(1.5), "n_params", "auto", 0.0, 1e9)
+    assert fit["form"] == "saturating" and fit["other_form"]["form"] == "power"
+    lines = across_sizes._prediction_lines(fit)
+    assert lines[0].startswith("  - predicted test loss at N = 1B by E + A*N^-alpha: ")
+    assert lines[0].endswith("(an extrapolation beyond the sizes fitted; the interval is over seeds for this form "
+                             "and does not cover the choice of form)")  # fmt: skip
+    other = fit["other_form"]["predicted"]
+    assert other["high"] < fit["predicted"]["low"]  # the line through L (E0 = 0) falls far below E = 1.5 at 1B
+    assert lines[1].startswith("  - **the forms disagree**: log(L - E0) = log A - alpha*log N predicts ")
+    fit["other_form"]["predicted"] = {**other, "high": fit["predicted"]["low"]}  # intervals that touch: agree
+    assert len(across_sizes._prediction_lines(fit)) == 1
+
+
+def test_a_form_and_an_irreducible_loss_that_cannot_go_together_are_refused(tmp_path):
+    import argparse
+
+    from gpt.common.errors import UserError
+
+    with pytest.raises(UserError, match=r"^--irreducible 1 with --form saturating: E \+ A\*N\^-alpha fits its own E; "
+                       "drop --irreducible, or fit the log-log line of L - E0 with --form power$"):  # fmt: skip
+        across_sizes.compare_sizes([tmp_path / "a-run"], tmp_path / "out", form="saturating", irreducible=1.0)
+    assert not (tmp_path / "out").exists()
+    parser = argparse.ArgumentParser()
+    scaling.add_arguments(parser)
+    for bad in ("nan", "-1", "inf", "x"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--irreducible", bad])
+    assert parser.parse_args(["--irreducible", "1.2"]).irreducible == 1.2
+    assert parser.parse_args([]).irreducible is None

@@ -71,17 +71,31 @@ def test_a_size_axis_that_cannot_be_one_is_refused_before_anything_runs(config, 
          "--sizes trains each size on train.tokens_per_param x its own parameters (one rule for every size), and "
          "the config sets train.steps=50: add --set train.steps=null --set train.tokens_per_param=20 (Chinchilla's), "
          "or another number of tokens per parameter"),
-        (["--predict-at", "124M"], "--predict-at predicts from a fit across sizes: give --sizes (three or more)"),
+        (["--predict-at", "124M"], "--predict-at predicts from a fit across sizes: give --sizes with 2 or more (4 "
+         "or more for E + A*N^-alpha); 0 given"),
+        (["--sizes", "1x16", "--predict-at", "124M"], "--predict-at predicts from a fit across sizes: give --sizes "
+         "with 2 or more (4 or more for E + A*N^-alpha); 1 given"),
         (["--sizes", "1x16", "2x32", "--lrs", "1e-2", "3e-2", "--confirm-seeds", "4", "5"],
          "--confirm-seeds with --sizes: a confirmation stage per size is not built; sweep --sizes with --lrs (each "
          "size's rate chosen on validation, its intervals said optimistic), then train the chosen rates on fresh "
          "seeds with --set optim.lr=... per size"),
+        (["--sizes", "1x16", "2x32", "1x64"], "--sizes 1x16 2x32 1x64: the sizes mix aspect ratios (d_model/n_layers "
+         "16: 1x16 2x32; d_model/n_layers 64: 1x64): one curve across them mixes the shape's effect with the size's; "
+         "take the sizes from one ladder (gpt.config.sizes)"),
     ):  # fmt: skip
         assert sweep_main([*base, *extra]) == 2
         assert capsys.readouterr().err == f"error: {message}\n" and not runs.exists()
     for extra, message in (
         (["--sizes", "5x5"], "argument --sizes: invalid choice: '5x5' (choose from '1x64', "),
         (["--sizes", "1x16", "--predict-at", "lots"], "argument --predict-at: 'lots': expected a positive count such "),
+        (
+            ["--sizes", "1x16", "2x32", "--predict-at", "0.5"],
+            "argument --predict-at: '0.5': a model's parameter count, between 1k and 1000T",
+        ),
+        (
+            ["--sizes", "1x16", "2x32", "--predict-at", "1e30"],
+            "argument --predict-at: '1e30': a model's parameter count, between 1k and 1000T",
+        ),
     ):
         with pytest.raises(SystemExit) as e:
             sweep_main([*base, *extra])
@@ -262,7 +276,8 @@ def test_the_fits_are_direct_least_squares_on_the_runs_own_test_losses(study):
         assert predicted["at"] == 1e6 and predicted["extrapolation"] is True  # beyond 3x48's ~0.1M
         assert predicted["low"] < predicted["mean"] < predicted["high"]
     md = (study["out"] / "comparison.md").read_text()
-    assert "predicted test loss at N = 1M: " in md and "(an extrapolation beyond the sizes fitted)" in md
+    assert "predicted test loss at N = 1M by log(L - E0) = log A - alpha*log N: " in md
+    assert "(an extrapolation beyond the sizes fitted; the interval is over seeds for this form and does not " in md
 
 
 @pytest.mark.slow

@@ -102,6 +102,44 @@ def test_a_size_axis_that_cannot_be_one_is_refused_before_anything_runs(config, 
         assert e.value.code == 2 and message in capsys.readouterr().err and not runs.exists()
 
 
+def test_the_plan_says_what_the_seeds_detect_and_runs_nothing(config, tmp_path, capsys):
+    runs = tmp_path / "runs"
+    base = [str(config), "--norm-types", "pytorch_layernorm", "no_norm", "--seeds", "0", "1", "2",
+            "--runs-dir", str(runs)]  # fmt: skip
+    assert sweep_main([*base, "--sizes", "1x16", "2x32", "3x48", "4x64", "--plan", "--noise", "0.01",
+                       "--detect", "0.02", "--detect-trend", "0.05"]) == 0  # fmt: skip
+    out = capsys.readouterr().out.splitlines()
+    counts = [int(c.split()[-1].replace(",", "")) for c in out[1].removeprefix("# sizes").split(", ")[0:]]
+    from gpt.analysis import power
+
+    p = power.plan(0.01, 3, counts, detect=0.02, detect_trend=0.05)
+    assert out[0] == "# plan: 24 cell(s); nothing run" and not runs.exists()
+    assert out[1].startswith("# sizes (parameters outside the norms): 1x16 ") and len(counts) == 4
+    assert out[3] == "Power (80%, two-sided 5% tests) at sd 0.01 nats of one seed's paired difference (given by " \
+        "--noise), 3 seed(s):"  # fmt: skip
+    assert out[4] == f"- the difference at one size: detects {p['difference']['resolvable']:.4f} nats or more"
+    assert out[5] == (f"  - a difference of 0.0200 nats: power {p['difference']['power']:.0%} with 3 seeds; "
+                      f"{p['difference']['seeds_needed']} seeds reach 80%")  # fmt: skip
+    assert out[6] == (f"- the gap's trend across 4 sizes: detects a change of {p['trend']['resolvable']:.4f} nats "
+                      "per 10x parameters or more (independent sizes)")  # fmt: skip
+    assert sweep_main([*base, "--lrs", "1e-3", "2e-3", "--confirm-seeds", "7", "8", "--plan"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "# plan: 12 cell(s), then 4 confirmation cell(s); nothing run" and "2 seed(s):" in out[2]
+    for extra, message in (
+        (["--noise", "0.01"], "--noise without --plan: they set the plan's noise and targets; add --plan"),
+        (["--plan", "--noise", "0.01", "--noise-from", str(tmp_path)], "--noise-from and --noise: give one"),
+        (["--plan", "--noise-from", str(tmp_path)], f"--noise-from {tmp_path}: no comparison.json there"),
+        (["--plan", "--init-seeds", "0", "1", "--data-seeds", "0", "1"], "--plan with --init-seeds/--data-seeds: "
+         "the plan is of independent seeds"),
+    ):  # fmt: skip
+        assert sweep_main([*base, *extra]) == 2
+        assert capsys.readouterr().err.startswith(f"error: {message}") and not runs.exists()
+    for bad in ("nan", "-0.01", "0", "inf"):
+        with pytest.raises(SystemExit):
+            sweep_main([*base, "--plan", "--noise", bad])
+        assert f"argument --noise: '{bad}': a finite number above 0, in nats" in capsys.readouterr().err
+
+
 def test_the_sweeps_command_line_round_trips_its_sizes_and_compares_across_them(config, tmp_path, capsys):
     base = [str(config), "--norm-types", "no_norm", "--seeds", "0", "--runs-dir", str(tmp_path / "r")]
     spec = spec_of([*base, "--sizes", "1x16", "2x32", "--predict-at", "124M"])

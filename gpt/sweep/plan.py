@@ -1,0 +1,58 @@
+"""``sweep.py --plan``: what a sweep would run and what it can detect, before anything runs.
+
+The cells are laid out as the sweep lays them out (every refusal included); each size's parameter count is the
+one train.tokens_per_param multiplies, counted on the meta device (no weights drawn, seconds for GPT-2 small);
+the power is ``gpt.analysis.power``'s at the noise of a named comparison (``--noise-from``), a given sd
+(``--noise``) or the stated default.
+"""
+
+from __future__ import annotations
+
+from gpt.analysis import power
+from gpt.common.errors import UserError
+from gpt.sweep.spec import SweepSpec
+
+
+def size_counts(spec: SweepSpec) -> dict[str, int] | None:
+    """Each size's parameters outside the norm layers, smallest first (None without a size axis)."""
+    if not spec.sizes:
+        return None
+    import torch
+
+    from gpt.model.gpt import GPT
+
+    counts = {}
+    for cell in spec.grid_cells():
+        size = cell.cfg.model.size
+        if size not in counts:
+            with torch.device("meta"):  # shapes only
+                counts[size] = GPT(cell.cfg.model, seed=None).num_params(norms=False)
+    return dict(sorted(counts.items(), key=lambda kv: kv[1]))
+
+
+def plan_lines(spec: SweepSpec, noise_from=None, noise: float | None = None, detect=None, detect_trend=None) -> list:
+    """The sweep's cells and its power, as lines to print."""
+    if spec.init_seeds:
+        raise UserError(
+            "--plan with --init-seeds/--data-seeds: the plan is of independent seeds (a paired t test over them); "
+            "plan with --seeds"
+        )
+    if noise_from is not None and noise is not None:
+        raise UserError("--noise-from and --noise: give one (a comparison to read the noise from, or the sd itself)")
+    if noise is not None:
+        sd, source = noise, "given by --noise"
+    elif noise_from is not None:
+        sd, source = power.noise_from(noise_from)
+    else:
+        sd, source = power.DEFAULT_SD, "the default, an assumption: --noise-from a comparison of yours measures it"
+    seeds = len(spec.confirm_seeds) if spec.confirm_seeds else len(spec.seeds)
+    counts = size_counts(spec)
+    cells = len(spec.grid_cells())
+    confirm = len(spec.norm_types) * seeds if spec.confirm_seeds else 0
+    out = [f"# plan: {cells} cell(s)" + (f", then {confirm} confirmation cell(s)" if confirm else "") + "; nothing run"]
+    if counts:
+        out.append("# sizes (parameters outside the norms): " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
+    tested = "the confirmation seeds" if spec.confirm_seeds else "the seeds"
+    out.append(f"# each question is tested over {tested}, paired by seed with the baseline")
+    p = power.plan(sd, seeds, list(counts.values()) if counts else None, detect, detect_trend)
+    return out + power.lines(p, source)

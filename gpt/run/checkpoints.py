@@ -26,6 +26,7 @@ and stops with the operating system's reason and the last good checkpoint.
 from __future__ import annotations
 
 import contextlib
+import filecmp
 import json
 import math
 import pickle
@@ -53,6 +54,7 @@ POINTERS = ("latest", "best")
 STEP_NAME = re.compile(r"step-\d{8}")  # a whole checkpoint: it resumes
 BEST_NAME = re.compile(r"best-\d{8}")  # a best validation's weights alone (no state.pt)
 CHECKPOINT_NAME = re.compile(r"(?:step|best)-\d{8}")  # what a pointer may name
+EVAL_PREFIX = "eval-"  # an evaluation result kept beside a checkpoint: eval-<split>...-<precision>.json
 
 
 CHECKPOINTS_PER_RUN = 10  # train.checkpoint_every null: a kill loses at most a tenth of the run
@@ -139,6 +141,7 @@ def save_checkpoint(
                 torch.save(state, f)
             (tmp / CONFIG_FILE).write_text(config_yaml)
             (tmp / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+            _keep_results(root / name, tmp)
         for pointer in ("latest", "best") if is_best else ("latest",):
             _write_pointer(root, pointer, name)
     _prune(root, keep_last)
@@ -158,9 +161,20 @@ def save_best_weights(
             save_file(weights, str(tmp / MODEL_FILE))
             (tmp / CONFIG_FILE).write_text(config_yaml)
             (tmp / INFO_FILE).write_text(json.dumps({**info, "weights_only": True}, indent=2) + "\n")
+            _keep_results(root / name, tmp)
         _write_pointer(root, "best", name)
     _prune(root, keep_last)
     return root / name
+
+
+def _keep_results(old: Path, new: Path) -> None:
+    """Carry the evaluation results kept beside checkpoint folder ``old`` into ``new`` (its replacement, being
+    written) where the two hold the same weights, byte for byte: a resumed run that writes the same step again
+    leaves what was measured on it in place. Other weights make them stale: they go with the old folder."""
+    if not (old / MODEL_FILE).is_file() or not filecmp.cmp(old / MODEL_FILE, new / MODEL_FILE, shallow=False):
+        return
+    for result in old.glob(f"{EVAL_PREFIX}*.json"):
+        shutil.copy2(result, new / result.name)
 
 
 @contextlib.contextmanager
@@ -258,7 +272,8 @@ def tidy(root: Path) -> list[str]:
         if match is None:
             continue
         name, kind = match["name"] or match["name0"], match["kind"] or match["kind0"]
-        if kind == "old" and CHECKPOINT_NAME.fullmatch(name) and not (root / name).exists() and problem(p) is None:
+        whole = weights_problem(p) is None if BEST_NAME.fullmatch(name) else problem(p) is None
+        if kind == "old" and CHECKPOINT_NAME.fullmatch(name) and not (root / name).exists() and whole:
             p.rename(root / name)
             done.append(f"recovered {name} from {p.name}, left by a writer killed while replacing it")
         else:
@@ -278,13 +293,23 @@ def problem(ckpt: Path) -> str | None:
         return "missing"
     if BEST_NAME.fullmatch(ckpt.name):
         return f"it holds a best validation's weights alone (no {STATE_FILE}): resume from a step-* checkpoint"
-    for name in (MODEL_FILE, STATE_FILE, CONFIG_FILE, INFO_FILE):
+    return _folder_problem(ckpt, (MODEL_FILE, STATE_FILE, CONFIG_FILE, INFO_FILE))
+
+
+def weights_problem(ckpt: Path) -> str | None:
+    """``problem`` for a folder of weights alone (a best folder, ``save_best_weights``): no state file."""
+    ckpt = Path(ckpt)
+    return "missing" if not ckpt.is_dir() else _folder_problem(ckpt, (MODEL_FILE, CONFIG_FILE, INFO_FILE))
+
+
+def _folder_problem(ckpt: Path, files: tuple[str, ...]) -> str | None:
+    for name in files:
         if not (ckpt / name).is_file():
             return f"no {name}"
     header, damaged = _safetensors_header(ckpt / MODEL_FILE)
     if damaged:
         return f"{MODEL_FILE} {damaged}"
-    damaged = _state_problem(ckpt / STATE_FILE)
+    damaged = _state_problem(ckpt / STATE_FILE) if STATE_FILE in files else None
     if damaged:
         return f"{STATE_FILE} {damaged}"
     try:

@@ -127,3 +127,38 @@ def test_checkpoints_are_sized_to_the_run_at_validation_steps(total, eval_every,
     assert interval == expected
     writes = total // interval + (total % interval != 0)  # and the end's
     assert every is not None or writes <= ckpt_io.CHECKPOINTS_PER_RUN and interval % eval_every == 0
+
+
+def test_a_best_rewritten_with_the_same_weights_keeps_its_evaluation_and_other_weights_drop_it(
+    tmp_path, tiny_model_cfg
+):
+    cfg = tiny_model_cfg()
+    model = GPT(cfg, seed=0)
+    write = lambda m: ckpt_io.save_best_weights(  # noqa: E731
+        tmp_path, 7, ckpt_io.host_copy(m), config_yaml="", info={"step": 7}, keep_last=2
+    )
+    folder = write(model)
+    (folder / "eval-test-fp32.json").write_text('{"loss": 3.25}\n')
+    write(model)  # a resumed run passing step 7 again: the same bits
+    assert (folder / "eval-test-fp32.json").read_text() == '{"loss": 3.25}\n'
+    write(GPT(cfg, seed=1))  # other weights: what was measured is stale and goes with them
+    assert not (folder / "eval-test-fp32.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best", "best-00000007"]
+
+
+def test_a_best_folder_a_kill_left_aside_is_recovered_not_deleted(tmp_path, token_set, monkeypatch, capsys):
+    run, _, _ = scripted_run(tmp_path, token_set, monkeypatch, "aside", [5, 3, 4, 4, 4, 4], checkpoint_every=3)
+    ckpts = run / "checkpoints"
+    before = {p.name: p.read_bytes() for p in (ckpts / "best-00000002").iterdir()}
+    # killed between the two renames of a resumed run's rewrite of best-00000002: the pointer names a folder aside
+    aside = ".best-00000002.old-host-4242-0a1b2c3d"
+    (ckpts / "best-00000002").rename(ckpts / aside)
+    (ckpts / ".best-00000002.tmp-host-4242-9f8e7d6c").mkdir()
+    assert ckpt_io.tidy(ckpts) == [f"recovered best-00000002 from {aside}, left by a writer killed while replacing it"]
+    assert {p.name: p.read_bytes() for p in (ckpts / "best-00000002").iterdir()} == before
+    assert find_checkpoint(run, "best").name == "best-00000002"
+    assert names(run) == ["best", "best-00000002", "latest", "step-00000003", "step-00000006"]
+    # one without its weights is no best to restore: removed, and the pointer's fault said where it is read
+    (ckpts / "best-00000002").rename(ckpts / aside)
+    (ckpts / aside / "model.safetensors").unlink()
+    assert ckpt_io.tidy(ckpts) == [] and not (ckpts / aside).exists()

@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+SEED_MAX = 2**32 - 1  # a seed numpy's and Python's generators both take
+
 NORM_TYPES = "norm types"  # choices: the norm registry's names (gpt.model.norms)
 SIZES = "sizes"  # choices: the size ladder's names (gpt.config.sizes)
 
@@ -143,7 +145,8 @@ OPTIONS: tuple[Option, ...] = (
         "gpt2: normal(0, 0.02), residual projections / sqrt(2 * n_layers)",
         choices=("pytorch", "gpt2"), why_not=_WEIGHTS,
     ),
-    Option("init_seed", int | None, None, "seed of the initial weights; null: use train.seed", bounds={"ge": 0},
+    Option("init_seed", int | None, None, "seed of the initial weights; null: use train.seed",
+           bounds={"ge": 0, "le": SEED_MAX},
            why_not=_WEIGHTS),
     Option(
         "vocab_pad_multiple", int, 1,

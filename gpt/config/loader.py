@@ -260,7 +260,8 @@ def _check_range(value: Any, meta: dict) -> str | None:
     ):
         bound = meta[op]
         if bound is not None and not ok(value, bound):
-            return f"{quoted(value)} is out of range; allowed: {word} {bound:g}"
+            shown = bound if isinstance(bound, int) else f"{bound:g}"
+            return f"{quoted(value)} is out of range; allowed: {word} {shown}"
     return None
 
 

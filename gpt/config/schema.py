@@ -269,7 +269,10 @@ STOP_ON = ("resid_rms", "attn_logit_max", "nonfinite")  # train.stop_on's choice
 class TrainConfig:
     """How long and how big. Batches are in sequences of model.context_length tokens."""
 
-    seed: int = opt(0, "seed of every random draw (initial weights unless model.init_seed, data order)", ge=0)
+    seed: int = opt(
+        0, "seed of every random draw (initial weights unless model.init_seed, data order)", ge=0,
+        le=architecture.SEED_MAX,
+    )  # fmt: skip
     micro_batch_size: int = opt(12, "sequences per rank per forward pass", ge=1)
     global_batch_size: int = opt(96, "sequences per optimizer step over all ranks (the write-up: 8 GPUs x 12)", ge=1)
     tokens: int | None = opt(None, "train for this many tokens (set one of tokens / steps / tokens_per_param)", ge=1)

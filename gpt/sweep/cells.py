@@ -19,9 +19,11 @@ from pathlib import Path
 from gpt.analysis.scaling import NEEDS
 from gpt.analysis.selection import LR_KEY
 from gpt.common.errors import UserError
+from gpt.common.files import read_json
 from gpt.config import Config, load_config
+from gpt.config.architecture import SEED_MAX
 from gpt.config.sizes import SIZE_KEY, SIZES, mixed_shapes
-from gpt.run.directory import RunDir
+from gpt.run.directory import COMPARISON_FILE, RunDir
 
 
 @dataclass
@@ -192,6 +194,32 @@ def comparison_folder(config: Path, runs_dir: Path, out: Path | None = None) -> 
     return Path(out) if out is not None else Path(runs_dir) / f"{Path(config).stem}-comparison"
 
 
+def check_confirmation_kept(out: Path, confirm_seeds: list[int] | None) -> None:
+    """Refuse, before anything trains, a two-stage sweep whose confirmation would replace a comparison made on
+    other seeds in ``out`` (an earlier --confirm-seeds): that result would then be in no report."""
+    file = Path(out) / COMPARISON_FILE
+    if not confirm_seeds or not file.is_file():
+        return
+    try:
+        groups = read_json(file, "comparison").get("groups")
+    except UserError:
+        return  # a damaged record: the comparison rewrites it, as it would without a sweep
+    seeds = {
+        str(r.get("seed"))
+        for row in (groups if isinstance(groups, list) else [])
+        if isinstance(row, dict)
+        for r in [*(row.get("runs") or []), *(row.get("left_out") or [])]
+        if isinstance(r, dict)
+    }
+    wanted = {str(k) for k in confirm_seeds}
+    if seeds and seeds != wanted:
+        held = " ".join(sorted(seeds, key=lambda k: (len(k), k)))
+        raise UserError(
+            f"{out} holds the comparison of seeds {held}; --confirm-seeds {' '.join(map(str, confirm_seeds))} would "
+            f"replace it: give --out another folder (or move it aside), or rerun with --confirm-seeds {held}"
+        )
+
+
 def selection_folder(comparison: Path) -> Path:
     """Where a two-stage sweep's selection (the grid's comparison, which chooses the rates) goes: beside its
     comparison, ``<comparison>-selection``."""
@@ -218,6 +246,11 @@ def check_rates(
     if init_seeds is not None:
         raise UserError(
             "--confirm-seeds works with --seeds (a seed of both init and data), not --init-seeds/--data-seeds"
+        )
+    wrong = [k for k in confirm_seeds if not 0 <= k <= SEED_MAX]
+    if wrong:
+        raise UserError(
+            f"--confirm-seeds {' '.join(map(str, wrong))}: a seed is an integer from 0 to {SEED_MAX} (train.seed)"
         )
     if len(set(confirm_seeds)) < 2:
         seeds_given = " ".join(map(str, confirm_seeds))

@@ -26,7 +26,15 @@ from gpt.model.gpt import GPT
 from gpt.publish.release import outcome_problems, publish_sweep
 from gpt.run.directory import COMPLETED, FINISHED, INTERRUPTED, read_eval_result
 from gpt.run.distributed import setup
-from gpt.sweep.cells import Cell, check_rates, check_size_axis, comparison_folder, lay_out, selection_folder
+from gpt.sweep.cells import (
+    Cell,
+    check_confirmation_kept,
+    check_rates,
+    check_size_axis,
+    comparison_folder,
+    lay_out,
+    selection_folder,
+)
 from gpt.sweep.spec import SweepSpec
 from gpt.training.loop import train
 
@@ -133,6 +141,7 @@ def run_sweep(
     check_size_axis(sizes, confirm_seeds, compare_options.get("predict_at"))
     cells = lay_out(config, norm_types, seeds, runs_dir, overrides, seeds_for, init_seeds, data_seeds, lrs, sizes)
     out = comparison_folder(config, runs_dir, out)
+    check_confirmation_kept(out, confirm_seeds)
     compare_options["across_sizes"] = compare_options.get("across_sizes") or bool(sizes)
     grid_out = selection_folder(out) if confirm_seeds else out
     if sizes and not dry_run:

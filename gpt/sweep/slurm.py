@@ -36,7 +36,7 @@ from gpt.common.errors import UserError, clipped
 from gpt.common.files import read_json, write_atomically, write_json
 from gpt.run.directory import COMPLETED, DIVERGED, read_eval_result
 from gpt.sweep import controller
-from gpt.sweep.cells import Cell
+from gpt.sweep.cells import Cell, check_confirmation_kept
 from gpt.sweep.spec import SweepSpec
 
 # What the sweep writes into every cell job itself: a --slurm-opt may not set these.
@@ -225,6 +225,7 @@ def job_script(
 def submit_sweep(spec: SweepSpec, folder: SweepFolder, options: SlurmOptions, dry_run: bool = False, log=print) -> dict:
     """Submit every cell of ``spec`` that needs a job and the comparison after them; returns ``jobs.json``'s
     record (with ``dry_run``, what would be submitted)."""
+    check_confirmation_kept(spec.comparison, spec.confirm_seeds)
     cells, job_command = spec.cells(), [*spec.argv(), *options.argv()]
     if not dry_run:
         controller.require("sbatch", "scontrol")

@@ -235,6 +235,12 @@ def test_confirmation_seeds_are_refused_in_one_line_where_they_cannot_confirm(gr
          "--confirm-seeds trains the rates chosen among --lrs on fresh seeds; give --lrs two or more rates"),
         (["--lrs", "3e-3", "1e-2", "--confirm-seeds", "2", "2"],
          "--confirm-seeds needs two or more different seeds for an interval (got 2 2)"),
+        (["--lrs", "3e-3", "1e-2", "--confirm-seeds", "-1", "2"],
+         "--confirm-seeds -1: a seed is an integer from 0 to 4294967295 (train.seed)"),
+        (["--lrs", "3e-3", "1e-2", "--confirm-seeds", "4294967296", "2"],
+         "--confirm-seeds 4294967296: a seed is an integer from 0 to 4294967295 (train.seed)"),
+        (["--seeds", "4294967296", "--lrs", "3e-3", "1e-2"],
+         "--set: train.seed: 4294967296 is out of range; allowed: <= 4294967295"),
     ):  # fmt: skip
         assert sweep_main([*base, *extra]) == 2
         assert capsys.readouterr().err == f"error: {message}\n" and not runs.exists()
@@ -255,3 +261,22 @@ def test_a_two_stage_dry_run_names_both_stages_and_the_command_line_round_trips(
     printed = capsys.readouterr().out
     assert "#SBATCH --array=0,1,2,3" in printed and not runs.exists()
     assert "then: the comparison job chooses each norm type's rate and submits its cells on seeds 4 5" in printed
+
+
+def test_a_confirmation_on_other_seeds_never_replaces_the_one_kept(grid_cfg, tmp_path, capsys):
+    runs = tmp_path / "r"
+    kept = runs / "grid-comparison" / "comparison.json"
+    kept.parent.mkdir(parents=True)
+    record = {"groups": [{"group": "dyt", "runs": [{"seed": "2"}, {"seed": "3"}], "left_out": []}]}
+    kept.write_text(json.dumps(record))
+    before = kept.read_bytes()
+    base = [str(grid_cfg), "--norm-types", "dyt", "--seeds", "0", "1", "--lrs", "3e-3", "1e-2", "--runs-dir", str(runs)]
+    for launcher in ([], ["--launcher", "slurm", "--time", "01:00:00"]):
+        assert sweep_main([*base, "--confirm-seeds", "4", "5", *launcher]) == 2
+        assert capsys.readouterr().err == (
+            f"error: {runs / 'grid-comparison'} holds the comparison of seeds 2 3; --confirm-seeds 4 5 would replace "
+            "it: give --out another folder (or move it aside), or rerun with --confirm-seeds 2 3\n"
+        )
+        assert kept.read_bytes() == before and sorted(p.name for p in runs.iterdir()) == ["grid-comparison"]
+    assert sweep_main([*base, "--confirm-seeds", "2", "3", "--dry-run"]) == 0  # the same seeds: resumed as before
+    assert sweep_main([*base, "--confirm-seeds", "4", "5", "--out", str(tmp_path / "other"), "--dry-run"]) == 0

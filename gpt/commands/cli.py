@@ -92,13 +92,14 @@ def add_overrides(parser: argparse.ArgumentParser, what: str = "one config value
 
 
 def positive(text: str) -> float:
-    """An argparse type: a finite number above 0 (an sd, a difference to detect), else one line naming it."""
+    """An argparse type: a finite number above 0 (an sd, a difference to detect, seconds), else one line naming
+    it."""
     try:
         value = float(text)
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text!r}: a finite number above 0, in nats")
+        raise argparse.ArgumentTypeError(f"{text!r}: a finite number above 0")
     return value
 
 

@@ -9,6 +9,7 @@ The stages, their budget and the summary are ``gpt.speed.gpu_check``'s (its docs
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -64,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()  # the budget counts the environment's probe too
     args = build_parser().parse_args(argv)
     budget = args.budget_s if args.budget_s is not None else QUICK_BUDGET_S if args.quick else BUDGET_S
-    if budget < 60:
-        raise UserError(f"--budget-s {budget:g}: give the check at least 60 s (default {BUDGET_S})")
+    if not (math.isfinite(budget) and budget >= 60):
+        raise UserError(f"--budget-s {budget:g}: give the check a finite 60 s or more (default {BUDGET_S})")
     cache_dir = args.cache_dir.expanduser().absolute()
     stages = select(check_stages(args.out, args.tests, args.config, args.quick, cache_dir=cache_dir), args.stages)
     if args.plan:

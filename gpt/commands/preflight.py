@@ -20,6 +20,8 @@ import os
 import sys
 import time
 
+from gpt.commands.cli import positive
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -30,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nproc", type=int, default=2, help="processes for the all-reduce with --device cpu")
     parser.add_argument("--nodes", type=int, help="the job's node count: check that they meet instead")
     parser.add_argument("--rendezvous", metavar="HOST:PORT", help="with --nodes: torchrun's --rdzv-endpoint")
-    parser.add_argument("--timeout", type=float, default=120, help="with --nodes: seconds to wait for the others")
+    parser.add_argument("--timeout", type=positive, default=120, help="with --nodes: seconds to wait for the others")
     args = parser.parse_args(argv)
     if args.nodes is not None and args.nodes < 1:
         parser.error(f"--nodes {args.nodes}: the job's node count must be >= 1")

@@ -448,12 +448,20 @@ class Config:
         steps = self.train.steps
         if self.train.tokens is not None:
             steps = math.ceil(self.train.tokens / self.tokens_per_step)
-        if stop_on and steps is not None and every > steps:
-            fail(
-                ("train.stop_on", "log.stats_every"),
-                f"log.stats_every {every} is more than the run's {steps} steps: nothing is measured, so "
-                f"train.stop_on never fires; set log.stats_every <= {steps} or drop train.stop_on",
-            )
+        unmeasured = self.stop_on_problem(steps) if steps is not None else None
+        if unmeasured:
+            fail(("train.stop_on", "log.stats_every"), unmeasured)
+
+    def stop_on_problem(self, steps: int) -> str | None:
+        """Why train.stop_on would never fire in a run of ``steps`` steps (no statistics measured in it), or None.
+        With train.tokens_per_param the steps are known once the model is built: the trainer asks then."""
+        every = self.log.stats_every
+        if not self.train.stop_on or every <= steps:
+            return None
+        return (
+            f"log.stats_every {every} is more than the run's {steps} steps: nothing is measured, so "
+            f"train.stop_on never fires; set log.stats_every <= {steps} or drop train.stop_on"
+        )
 
     def total_steps(self, n_params: int) -> int:
         """Optimizer steps of the run: train.steps, or enough steps for train.tokens or

@@ -81,12 +81,41 @@ def choose_checkpoint(r: SweepRun, split: str, include_failed: bool) -> None:
         r.evaluations = Evaluations(r.ckpt)
 
 
+def _shape_problem(result: dict) -> str | None:
+    """What keeps ``result`` (a comparison.json) from naming its runs, or None: a one-size comparison's groups, each
+    with its runs and their paths, or a comparison across sizes' sizes, each with its name."""
+    if "groups" not in result:
+        sizes = result.get("sizes")
+        if not isinstance(sizes, list) or not sizes:
+            return "no groups, and no sizes"
+        if not all(isinstance(s, dict) and isinstance(s.get("size"), str) for s in sizes):
+            return "a size without its name"
+        return None
+    groups = result["groups"]
+    if not isinstance(groups, list) or not all(isinstance(g, dict) and "group" in g for g in groups):
+        return "groups is not a list of groups"
+    for g in groups:
+        entries = g.get("runs", [])
+        if not isinstance(entries, list):
+            return f"group {g['group']}: runs is not a list"
+        for entry in entries:
+            if not isinstance(entry, dict) or not all(k in entry for k in ("path", "seed", "status")):
+                return f"group {g['group']}: a run without its path, seed or status"
+    return None
+
+
 def read_sweep(folder: Path, comparison: Path | None = None, include_failed: bool = False) -> Sweep:
     """The sweep in ``folder``: its comparison and its runs in table order, each with what it publishes."""
     folder = Path(folder)
     comparison = sweep_comparison_folder(folder, comparison)
     result = read_json(comparison / COMPARISON_FILE, "comparison")
-    if "groups" not in result and "sizes" in result:
+    wrong = _shape_problem(result)
+    if wrong:
+        raise UserError(
+            f"{comparison / COMPARISON_FILE}: not a comparison as compare.py writes it ({wrong}); run "
+            "scripts/compare.py (or the sweep) again to rewrite it"
+        )
+    if "groups" not in result:  # a comparison across sizes
         raise UserError(
             f"{comparison}: a comparison across sizes, which names no runs itself; publish each size's: --comparison "
             f"{comparison / 'sizes' / result['sizes'][0]['size']} (and the other sizes in {comparison / 'sizes'})"

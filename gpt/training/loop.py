@@ -224,6 +224,9 @@ class Trainer:
                 f"{self.warmup:,} warmup steps, the whole run: the learning rate would never decay; "
                 "lower optim.warmup_frac or train for more steps"
             )
+        unmeasured = cfg.stop_on_problem(self.total_steps)  # train.tokens_per_param: known only now
+        if unmeasured:
+            raise UserError(f"train.stop_on: {unmeasured}")
         self.reader.check_capacity(self.total_steps)
         self.engine.build_optimizer()
         if self.ledger.resume_from is not None:

@@ -260,3 +260,30 @@ def test_collection_changes_add_mend_and_order():
     # a model added between two others is moved into place; items beyond the list stay after it
     extra = Item("model", "me/old", "kept")
     assert collection_changes([a, c, extra], [a, b, c]) == [("add", b, None), ("move", b, 1)]
+
+
+@pytest.mark.parametrize(
+    "record, wrong",
+    [
+        ({"sizes": []}, "no groups, and no sizes"),
+        ({"sizes": [{}]}, "a size without its name"),
+        ({"groups": 5}, "groups is not a list of groups"),
+        ({"groups": [{"group": "ln", "runs": [{"seed": "0", "status": "completed"}]}]},
+         "group ln: a run without its path, seed or status"),
+        ({"groups": [{"group": "ln", "runs": 3}]}, "group ln: runs is not a list"),
+    ],
+)  # fmt: skip
+def test_a_comparison_of_the_wrong_shape_is_one_line_naming_it(tmp_path, record, wrong):
+    from gpt.common.errors import UserError
+    from gpt.publish.sweep_source import read_sweep
+
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "comparison.json").write_text(json.dumps(record))
+    before = (tmp_path / "c" / "comparison.json").read_bytes()
+    with pytest.raises(UserError) as e:
+        read_sweep(tmp_path)
+    assert str(e.value) == (
+        f"{tmp_path / 'c' / 'comparison.json'}: not a comparison as compare.py writes it ({wrong}); run "
+        "scripts/compare.py (or the sweep) again to rewrite it"
+    )
+    assert (tmp_path / "c" / "comparison.json").read_bytes() == before

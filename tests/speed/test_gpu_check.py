@@ -594,3 +594,15 @@ def test_the_check_imports_nothing_absent_from_the_gpu_machine(tmp_path):
     )
     assert norms.returncode == 0, norms.stderr
     assert len((out / "norms.jsonl").read_text().splitlines()) == len(NORM_TYPES)
+
+
+@pytest.mark.parametrize("budget", ["nan", "inf", "30"])
+def test_a_budget_that_is_no_number_of_seconds_is_refused_before_anything_runs(tmp_path, capsys, budget):
+    from gpt.commands.gpu_check import main
+
+    out = tmp_path / "out"
+    assert main([str(out), "--tests", str(TESTS), "--config", "configs/tiny.yaml", "--budget-s", budget]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --budget-s {float(budget):g}: give the check a finite 60 s or more (default 480)\n"
+    )
+    assert not out.exists()

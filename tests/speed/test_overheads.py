@@ -3,6 +3,7 @@ their bytes) and stats steps, each with its share of the run under the assumptio
 
 import re
 
+import pytest
 import torch
 from synthetic import CONFIGS
 
@@ -61,3 +62,20 @@ def test_a_gpu_count_below_one_is_refused_in_one_line(cli):
     out = cli("train", CONFIGS / "tiny.yaml", "--dry-run", "--gpus", "0")
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip().splitlines()[-1].endswith("argument --gpus: 0 is not a number of GPUs (1 or more)")
+
+
+def test_a_gpu_count_the_batch_cannot_split_or_without_a_dry_run_is_refused(capsys, tmp_path):
+    from gpt.commands.train import main
+
+    assert main([str(CONFIGS / "gpt2-small.yaml"), "--dry-run", "--gpus", "7"]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == (
+        "error: --gpus 7: train.global_batch_size 96 does not split into micro-batches of 12 over 7 GPUs; GPU counts "
+        "that split it: 1 2 4 8 (or change the batch)\n"
+    )
+    with pytest.raises(SystemExit) as e:  # a run's GPUs are torchrun's: --gpus would be ignored
+        main([str(CONFIGS / "tiny.yaml"), "--gpus", "8", "--set", f"run.dir={tmp_path / 'r'}"])
+    assert e.value.code == 2 and not (tmp_path / "r").exists()
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.endswith("argument --gpus: the GPUs a --dry-run estimates for; add --dry-run (a run's GPUs are "
+                         "torchrun's --nproc_per_node)")  # fmt: skip

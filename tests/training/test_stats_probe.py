@@ -12,6 +12,7 @@ import torch
 from conftest import CONFIGS
 from safetensors.torch import load_file
 
+from gpt.common.errors import UserError
 from gpt.config import load_config
 from gpt.model.gpt import GPT, Context
 from gpt.run.directory import RunDir, find_checkpoint
@@ -279,6 +280,15 @@ def test_stop_on_that_could_never_fire_is_refused(train_yaml):
     with pytest.raises(ConfigError, match=r"log.stats_every 50 is more than the run's 20 steps: nothing is measured"):
         load_config(config, ["log.stats_every=50", "train.stop_on=[resid_rms]"])
     assert load_config(config, ["log.stats_every=20", "train.stop_on=[resid_rms]"]).train.stop_on == ["resid_rms"]
+    # train.tokens_per_param: the steps are known once the model is counted; refused then, before a step
+    cfg = load_config(config, ["train.steps=null", "train.tokens_per_param=0.1", "log.stats_every=1000",
+                               "train.stop_on=[nonfinite]"])  # fmt: skip
+    with pytest.raises(UserError) as refused:
+        train(cfg)
+    assert str(refused.value) == ("train.stop_on: log.stats_every 1000 is more than the run's 17 steps: nothing "
+                                  "is measured, so train.stop_on never fires; set log.stats_every <= 17 or drop "
+                                  "train.stop_on")  # fmt: skip
+    assert not (cfg.run_dir / "checkpoints").exists() and not (cfg.run_dir / "metrics.jsonl").exists()
 
 
 def test_a_stats_step_reads_the_device_once_and_groups_its_per_tensor_work(tiny_model_cfg):

@@ -191,6 +191,29 @@ def upgrade(data: Mapping) -> dict:
     return data
 
 
+def as_built(data: Mapping) -> tuple[dict, list[str]]:
+    """A model section (in today's words, ``upgrade``) of a model already trained, with the settings that cannot
+    change what it builds read as what it built, and a line for each. New configs refuse these settings (a sweep
+    would train one model under two names: ``ModelConfig.validate``), but a run folder or a published model
+    written before the refusal must still load: no_norm has no norm to place, finalise or put in QK-norm."""
+    data, notes = upgrade(data), []
+
+    def read(key: str, value: Any, why: str) -> None:
+        was = str(data[key]).lower() if isinstance(data[key], bool) else data[key]
+        now = str(value).lower() if isinstance(value, bool) else value
+        notes.append(f"model.{key} {was} {why}: read as {key} {now}, the model it built")
+        data[key] = value
+
+    if data.get("qk_norm", "none") != "none" and data.get("qk_norm_type") == "no_norm":
+        read("qk_norm", "none", "with qk_norm_type no_norm builds no QK-norm")
+    if data.get("norm_type") == "no_norm":
+        if data.get("norm_placement", "pre") != "pre":
+            read("norm_placement", "pre", "with norm_type no_norm builds the pre-norm no_norm model (no norm to place)")
+        if data.get("final_norm", True) is False:
+            read("final_norm", True, "with norm_type no_norm builds the same model (no final norm either way)")
+    return data, notes
+
+
 # --------------------------------------------------------------------------- a published config.json
 
 
@@ -212,7 +235,7 @@ def from_hub(config: Any) -> dict:
     given = {o.key: _get(config, o.hub, missing) for o in OPTIONS if o.hub is not None}
     given = upgrade({k: v for k, v in given.items() if v is not missing})  # in today's words, before any is filled
     absent = {o.key: o.default if o.before is DEFAULT or o.hub is None else o.before for o in OPTIONS}
-    return upgrade({**absent, **given, "vocab_pad_multiple": 1, "dropout": 0.0})
+    return as_built({**absent, **given, "vocab_pad_multiple": 1, "dropout": 0.0})[0]
 
 
 # --------------------------------------------------------------------------- GPT-2, the card

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import sys
 import types
 import typing
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 
 import yaml
 
+import gpt.config.architecture as architecture
 from gpt.common.errors import UserError, clipped, quoted
 from gpt.config.schema import REQUIRED, Config
 from gpt.config.sizes import SIZES
@@ -322,8 +324,10 @@ def config_from_dict(data: dict, source: str = "<dict>") -> Config:
     return _build(Config, data, "", {k: source for k in _leaves(data)}, source)
 
 
-def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Read ``path`` (following ``extends``), apply ``--set`` overrides, validate."""
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (), built: bool = False) -> Config:
+    """Read ``path`` (following ``extends``), apply ``--set`` overrides, validate. ``built``: the config of a
+    model already trained (a checkpoint's): settings a new config refuses because they cannot change the model
+    are read as the model they built (``architecture.as_built``), each said in a line on stderr."""
     path = Path(path)
     raw, sources = _load_raw(path)
     for text in overrides:
@@ -331,6 +335,10 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         _apply_override(raw, parts, value)
         _set_source(sources, ".".join(parts), OVERRIDE)
     _check_size(raw, sources)
+    if built and isinstance(raw.get("model"), dict):
+        raw["model"], notes = architecture.as_built(raw["model"])
+        for note in notes:
+            print(f"note: {path}: {note}", file=sys.stderr)
     return _build(Config, raw, "", sources, str(path))
 
 

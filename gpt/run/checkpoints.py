@@ -456,7 +456,7 @@ def checkpoint_config(ckpt: Path) -> Config:
     if not path.is_file():
         raise CheckpointError(f"{ckpt}: no {CONFIG_FILE}; cannot tell what model it holds")
     try:
-        return load_config(path)
+        return load_config(path, built=True)  # a model already trained: read as what it built
     except ConfigError as e:
         raise CheckpointError(f"{ckpt}: its config no longer loads: {e}") from None
 

@@ -501,3 +501,43 @@ def test_sweep_reads_the_run_not_torchruns_exit_status(tmp_path, train_yaml, mon
         r"rerun the sweep to resume it",
     ):
         grid.train_cell(train_yaml(), cell, nproc=2)
+
+
+def test_an_old_no_norm_run_with_settings_now_refused_loads_as_the_model_it_built(train_yaml, tmp_path, capsys):
+    """Before no_norm refused a QK-norm, a placement or final_norm false (one model under several names), runs
+    were written with them: a run folder, its checkpoints and a published config.json still load, said so."""
+    from gpt.commands.evaluate import main as evaluate_main
+    from gpt.config.architecture import from_hub
+
+    config = train_yaml("old")
+    config.write_text(config.read_text().replace("norm_type: pytorch_layernorm}", "norm_type: no_norm}"))
+    cfg = load_config(config)
+    train(cfg)
+    written = [cfg.run_dir / "config.yaml", *sorted((cfg.run_dir / "checkpoints").glob("*/config.yaml"))]
+    for f in written:  # as the run was written then: qk_norm a bool, no qk_norm_type
+        text = (
+            f.read_text()
+            .replace("norm_placement: pre", "norm_placement: post")
+            .replace("final_norm: true", "final_norm: false")
+        )
+        f.write_text("".join(line for line in text.replace("qk_norm: none", "qk_norm: true").splitlines(True)
+                             if "qk_norm_type" not in line))  # fmt: skip
+    with pytest.raises(ConfigError, match="model.qk_norm: qk_norm_type no_norm builds no QK-norm; set model.qk_norm"):
+        load_config(written[0])  # as a new config: still refused
+    before = {f: f.read_bytes() for f in written}
+    assert evaluate_main([str(cfg.run_dir), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    ckpt = find_checkpoint(cfg.run_dir)
+    for said in (
+        "model.qk_norm head with qk_norm_type no_norm builds no QK-norm: read as qk_norm none, the model it built",
+        "model.norm_placement post with norm_type no_norm builds the pre-norm no_norm model (no norm to place): read "
+        "as norm_placement pre, the model it built",
+        "model.final_norm false with norm_type no_norm builds the same model (no final norm either way): read as "
+        "final_norm true, the model it built",
+    ):
+        assert f"note: {ckpt / 'config.yaml'}: {said}\n" in err
+    assert "error" not in err and (ckpt / "eval-test-fp32.json").is_file()
+    assert {f: f.read_bytes() for f in written} == before  # read as built, never rewritten
+    published = {"norm_type": "no_norm", "norm_placement": "post", "qk_norm": True, "final_norm": False}
+    options = from_hub(published)
+    assert (options["norm_placement"], options["qk_norm"], options["final_norm"]) == ("pre", "none", True)

@@ -31,6 +31,7 @@ class CardFacts:
     repo_id: str  # where the card will live, user/name
     n_params: int  # parameters, vocabulary padding left out
     step: int | None = None  # the checkpoint's optimizer step
+    best: bool = False  # a best-<step> folder: the weights of the run's best validation, not its last step
     tokens: int | None = None  # training tokens by then
     val_loss: float | None = None  # validation loss at that step
     summary: dict | None = None  # the run's summary.json (None while it trains)
@@ -183,8 +184,9 @@ def status_lines(f: CardFacts) -> list[str]:
     where = f" at step {s['diverged_at_step']:,}" if s.get("diverged_at_step") is not None else ""
     reason = f" ({s['stop_reason']})" if s.get("stop_reason") else ""
     return [
-        f"> **This run {status}{where}{reason}.** Its last checkpoint (step {_fmt(f.step, ',')}) is published "
-        "for the record; it is not a trained model, and no comparison's statistics use it.",
+        f"> **This run {status}{where}{reason}.** Its {'best-validation' if f.best else 'last'} checkpoint (step "
+        f"{_fmt(f.step, ',')}) is published for the record; it is not a trained model, and no comparison's "
+        "statistics use it.",
         "",
     ]
 

@@ -75,6 +75,7 @@ def card_facts(
         repo_id=repo_id,
         n_params=n_params,
         step=info.get("step"),
+        best=bool(info.get("weights_only")),  # a best-<step> folder: the best validation's weights alone
         tokens=info.get("tokens"),
         val_loss=info.get("val_loss"),
         summary=summary if summary is not None else run.summary(),

@@ -81,6 +81,7 @@ class Progress:
     last_val: float | None = None  # the latest validation loss
     total_steps: int | None = None  # the run's planned length: a resume must keep it
     window: list[float] | None = None  # the train-loss window since the last log, summed over ranks (LossWindow)
+    last_train_loss: float | None = None  # the last log step's mean train loss: the summary's, after a resume too
 
     @property
     def best_val_loss(self) -> float | None:
@@ -150,7 +151,6 @@ class Trainer:
         self.fast = resolve(cfg.train, dist.device)  # precision, compile, TF32, prefetch as they apply here
         self.first_step_seconds: float | None = None  # this process's first step: compiling, warming up
         self.progress = Progress()
-        self.last_train_loss: float | None = None
         self.diverged_at: int | None = None  # the step a divergence was first seen at (check_divergence)
         # preflight
         self.val: TokenRange | None = None  # the validation range (open_data)
@@ -428,7 +428,7 @@ class Trainer:
         last = step_sum / (self.reader.accum * dist.world_size)
         mean_loss = w.window.take(window)
         rate = self.watch.throughput.since_last_log(p.step)
-        self.last_train_loss = mean_loss
+        p.last_train_loss = mean_loss
         self.watch.bar.set_postfix(
             loss=f"{mean_loss:.4f}", tok_s="-" if rate is None else f"{rate:,.0f}", refresh=False
         )
@@ -567,7 +567,7 @@ class Trainer:
             "tokens": p.tokens,
             "wall_seconds": p.elapsed + self.watch.throughput.seconds(),
             "tokens_per_s": self.watch.throughput.steady(p.step),
-            "final_train_loss": self.last_train_loss,
+            "final_train_loss": p.last_train_loss,
             "best_val_loss": p.best_val_loss,
             "best_val_step": p.best_step,
             "nonfinite_steps": self.watch.divergence.counts()[0],

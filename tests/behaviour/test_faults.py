@@ -541,3 +541,14 @@ def test_an_old_no_norm_run_with_settings_now_refused_loads_as_the_model_it_buil
     published = {"norm_type": "no_norm", "norm_placement": "post", "qk_norm": True, "final_norm": False}
     options = from_hub(published)
     assert (options["norm_placement"], options["qk_norm"], options["final_norm"]) == ("pre", "none", True)
+
+
+def test_a_kill_before_the_summary_resumes_to_the_same_summary(finished, train_yaml):
+    """Killed after the last checkpoint, before summary.json: the resume has no step left to run, and its summary
+    still says the run's final train loss (kept in the checkpoint), not null."""
+    first = json.loads((finished / "summary.json").read_text())
+    (finished / "summary.json").unlink()
+    again = train(load_config(train_yaml("done")), resume="auto")
+    assert again["steps"] == first["steps"] == 20 and again["status"] == "completed"
+    assert first["final_train_loss"] is not None and again["final_train_loss"] == first["final_train_loss"]
+    assert again["best_val_loss"] == first["best_val_loss"]

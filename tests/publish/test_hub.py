@@ -339,3 +339,16 @@ def test_push_with_an_explicit_comparison(runs, hub, tmp_path):
         and out.stderr == f"error: {tmp_path / 'without.json'}: holds no group with the run {run.resolve()}\n"
     )
     assert "me/cmp2" not in hub.repos
+
+
+def test_a_failed_runs_card_names_the_checkpoint_it_publishes():
+    from gpt.publish.card import CardFacts, status_lines
+
+    summary = {"status": "diverged", "diverged_at_step": 40, "stop_reason": "loss non-finite"}
+    for best, which in ((False, "last"), (True, "best-validation")):
+        facts = CardFacts(repo_id="me/x", n_params=1, step=35, summary=summary, best=best)
+        assert status_lines(facts)[0] == (
+            f"> **This run diverged at step 40 (loss non-finite).** Its {which} checkpoint (step 35) is published for "
+            "the record; it is not a trained model, and no comparison's statistics use it."
+        )
+    assert status_lines(CardFacts(repo_id="me/x", n_params=1, summary={"status": "completed"}, best=True)) == []

@@ -417,8 +417,7 @@ def markdown(result: dict) -> str:
     for norm, n in result["norms"].items():
         lines.append(f"- **{norm}** against N ({n['fit_n_params']['formula']}): {_fit_line(n['fit_n_params'])}")
         lines.append(f"  - against training FLOPs: {_fit_line(n['fit_flops'])}")
-        for said in [*n.get("sizes_without", []), *(n["fit_n_params"].get("left_out") or [])]:
-            lines.append(f"  - {said}")
+        lines += [f"  - {said}" for said in [*n.get("sizes_without", []), *(n["fit_n_params"].get("left_out") or [])]]
         lines += _prediction_lines(n["fit_n_params"])
     lines += ["", "## The gap to the baseline with size", ""]
     for norm, n in result["norms"].items():

@@ -25,6 +25,7 @@ import numpy as np
 from gpt.analysis import stats
 from gpt.common.errors import UserError
 from gpt.common.files import read_json
+from gpt.run.directory import COMPARISON_FILE
 
 DEFAULT_SD = 0.02  # nats: the assumed sd of one seed's paired difference in test loss, where no comparison is named
 
@@ -68,9 +69,9 @@ def noise_from(path) -> tuple[float, str]:
     from pathlib import Path
 
     path = Path(path)
-    file = path / "comparison.json" if path.is_dir() else path
+    file = path / COMPARISON_FILE if path.is_dir() else path
     if not file.is_file():
-        raise UserError(f"--noise-from {path}: no comparison.json there; name a comparison folder (compare.py --out)")
+        raise UserError(f"--noise-from {path}: no {COMPARISON_FILE} there; name a comparison folder (compare.py --out)")
     data = read_json(file, "the comparison", fix="name another comparison, or give --noise SD")
     sds = {} if not isinstance(data, dict) else _across_sizes(data) if "norms" in data else _one_size(data)
     sds = {k: v for k, v in sds.items() if v is not None and math.isfinite(v) and v > 0}
@@ -143,3 +144,36 @@ def _target(q: dict, what: str) -> list[str]:
     needed = q["seeds_needed"]
     seeds = f"{needed} seeds reach 80%" if needed is not None else f"more than {stats.MAX_SEEDS} seeds would be needed"
     return [f"  - {what.format(q['detect'])}: power {q['power']:.0%} with {q['seeds']} seeds; {seeds}"]
+
+
+PLAN_KEYS = ("noise_from", "noise", "detect", "detect_trend")  # what --plan reads besides the sweep's own
+
+
+def add_arguments(parser) -> None:
+    """A sweep's --plan and what it reads: the noise (an earlier comparison's, or an sd) and the targets."""
+    from argparse import ArgumentTypeError
+    from pathlib import Path
+
+    def positive(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not 0 < value < math.inf:  # NaN too
+            raise ArgumentTypeError(f"{text!r}: a finite number above 0, in nats")
+        return value
+
+    add = parser.add_argument
+    add("--plan", action="store_true", help="print the cells and what the seeds can detect (80%% power); run nothing")
+    add("--noise-from", type=Path, metavar="COMPARISON", help="with --plan: the noise of this earlier comparison")
+    add("--noise", type=positive, metavar="SD", help="with --plan: the sd of one seed's paired difference (nats)")
+    add("--detect", type=positive, metavar="DELTA", help="with --plan: a difference to detect; the seeds it needs")
+    add("--detect-trend", type=positive, metavar="DELTA", help="with --plan: a trend per 10x parameters to detect")
+
+
+def planned(args) -> bool:
+    """Whether the command asks for the plan; its options without --plan are refused (they would do nothing)."""
+    given = [f"--{k.replace('_', '-')}" for k in PLAN_KEYS if getattr(args, k) is not None]
+    if given and not args.plan:
+        raise UserError(f"{' '.join(given)} without --plan: they set the plan's noise and targets; add --plan")
+    return args.plan

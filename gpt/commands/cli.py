@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
 import os
 import sys
 from collections.abc import Callable
@@ -89,18 +88,6 @@ def add_overrides(parser: argparse.ArgumentParser, what: str = "one config value
         metavar="KEY=VALUE",
         help=f"override {what}, e.g. --set model.norm_type=pytorch_rmsnorm (repeatable; values are YAML scalars)",
     )
-
-
-def positive(text: str) -> float:
-    """An argparse type: a finite number above 0 (an sd, a difference to detect, seconds), else one line naming
-    it."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text!r}: a finite number above 0")
-    return value
 
 
 def add_grid(parser: argparse.ArgumentParser, norm_types: list[str], seeds: list[int]) -> None:

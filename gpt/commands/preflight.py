@@ -16,11 +16,10 @@ meet at the rendezvous and a gloo all-reduce goes through across them, or one li
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
-
-from gpt.commands.cli import positive
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,10 +31,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nproc", type=int, default=2, help="processes for the all-reduce with --device cpu")
     parser.add_argument("--nodes", type=int, help="the job's node count: check that they meet instead")
     parser.add_argument("--rendezvous", metavar="HOST:PORT", help="with --nodes: torchrun's --rdzv-endpoint")
-    parser.add_argument("--timeout", type=positive, default=120, help="with --nodes: seconds to wait for the others")
+    parser.add_argument("--timeout", type=float, default=120, help="with --nodes: seconds to wait for the others")
     args = parser.parse_args(argv)
     if args.nodes is not None and args.nodes < 1:
         parser.error(f"--nodes {args.nodes}: the job's node count must be >= 1")
+    if not 0 < args.timeout < math.inf:  # NaN too
+        parser.error(f"argument --timeout: {args.timeout}: seconds, a finite number above 0")
     if args.nodes and not args.rendezvous:
         parser.error("--nodes needs --rendezvous HOST:PORT (torchrun's --rdzv-endpoint)")
     # torch's C++ warnings (a stack trace a failed connection attempt) would bury the one line that says why

@@ -7,9 +7,7 @@
     python scripts/sweep.py configs/ladder.yaml --sizes 1x16 2x32 3x48 4x64 --seeds 0 1 2 [--predict-at 124M]
     python scripts/sweep.py configs/gpt2-small.yaml --seeds 0 1 2 --launcher slurm --gpus-per-node 8 \
         --time 04:00:00 --partition gpu [--nodes 2] [--slurm-opt KEY=VALUE ...] [--dry-run]
-    python scripts/sweep.py configs/gpt2-small.yaml --seeds 0 1 2 --status     (the cells' jobs and progress)
-    python scripts/sweep.py configs/ladder.yaml --sizes 1x16 2x32 3x48 4x64 --seeds 0 1 2 --plan \
-        [--noise-from runs/ladder-comparison | --noise 0.02] [--detect 0.01] [--detect-trend 0.02]
+    python scripts/sweep.py configs/gpt2-small.yaml --seeds 0 1 2 --status | --plan   (jobs and progress | power)
     python -m gpt.commands.sweep ...   /   gpt-sweep ...
 
 Locally, cells run one after another (each under torchrun when --nproc > 1) in runs/<config>-<norm-type>-s<seed>;
@@ -25,9 +23,7 @@ each on train.tokens_per_param x its parameters), compared across sizes (compare
 trend, a prediction at --predict-at). With --launcher slurm, every cell is a task of one job array (checkpointed
 and requeued before its time limit) and a last job compares them when they have all ended (docs/cluster.md).
 Rerunning the same command skips finished cells, resumes (or leaves running) the others. --dry-run prints the
-commands or job scripts instead; --plan prints the cells and the smallest difference (and trend across sizes) the
-seeds detect with 80% power, at the noise of an earlier comparison or a stated default (gpt.analysis.power).
---push-to-hub USER then publishes the whole sweep (scripts/publish_sweep.py).
+commands or job scripts instead, --plan the seeds' power; --push-to-hub USER then publishes it (publish_sweep.py).
 """
 
 from __future__ import annotations
@@ -36,9 +32,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpt.analysis import scaling
-from gpt.commands.cli import add_grid, add_overrides, command, parser_for, positive, standard_hooks
-from gpt.common.errors import UserError
+from gpt.analysis import power, scaling
+from gpt.commands.cli import add_grid, add_overrides, command, parser_for, standard_hooks
 from gpt.config import NORM_TYPES
 from gpt.sweep.slurm import SlurmOptions
 
@@ -65,13 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--hub-prefix", metavar="NAME", help="with --push-to-hub: its --prefix")
     add("--launcher", choices=("local", "slurm"), default="local", help="where the cells run (default local)")
     add("--status", action="store_true", help="show each cell's job, state, step, last loss and requeues")
-    add("--plan", action="store_true", help="print the cells and what the seeds can detect (80%% power); run nothing")
-    add("--noise-from", type=Path, metavar="COMPARISON", help="with --plan: the noise of this earlier comparison")
-    add("--noise", type=positive, metavar="SD", help="with --plan: the sd of one seed's paired difference (nats)")
-    add("--detect", type=positive, metavar="DELTA", help="with --plan: a difference to detect; the seeds it needs")
-    add("--detect-trend", type=positive, metavar="DELTA", help="with --plan: a trend per 10x parameters to detect")
     add("--in-job", metavar="PART", help=argparse.SUPPRESS)  # cell:INDEX or compare: what a SLURM job runs
     scaling.add_arguments(parser, sweep=True)
+    power.add_arguments(parser)
     SlurmOptions.add_arguments(parser)
     return parser
 
@@ -85,31 +76,20 @@ def main(argv: list[str] | None = None) -> int:
 
     spec = SweepSpec.from_args(args, nproc=args.nproc or args.gpus_per_node or 1)
     folder = slurm.SweepFolder.of(spec.config, spec.runs_dir)
-    if args.status:
-        print(slurm.status_table(slurm.status_rows(spec.cells(), folder)))
-        return 0
-    planning = [
-        f"--{k.replace('_', '-')}" for k in ("noise_from", "noise", "detect", "detect_trend") if getattr(args, k)
-    ]
-    if planning and not args.plan:
-        raise UserError(f"{' '.join(planning)} without --plan: they set the plan's noise and targets; add --plan")
-    if args.plan:
+    if args.status or power.planned(args):  # nothing runs
         from gpt.sweep.plan import plan_lines
 
-        print("\n".join(plan_lines(spec, args.noise_from, args.noise, args.detect, args.detect_trend)))
+        print(slurm.status_table(slurm.status_rows(spec.cells(), folder)) if args.status else plan_lines(spec, args))
         return 0
-    # the heavy imports (torch, matplotlib) from here on, each where its work starts
-    if args.in_job is not None and args.in_job.startswith("cell:"):
+    if args.in_job is not None:  # the heavy imports (torch, matplotlib) from here on, each where its work starts
         from gpt.sweep import cell_job
-
+    if args.in_job is not None and args.in_job.startswith("cell:"):
         return cell_job.run_cell_job(spec, int(args.in_job.removeprefix("cell:")), folder)
     if args.push_to_hub and not args.in_job:  # a name the Hub refuses stops here, not after the training
         from gpt.publish.naming import check_repo_name
 
         check_repo_name(f"{args.push_to_hub}/{args.hub_prefix + '-' if args.hub_prefix else ''}{args.config.stem}")
     if args.in_job == "compare":
-        from gpt.sweep import cell_job
-
         # then published, with --push-to-hub, by the job (a two-stage sweep's selection: the confirmation submitted)
         result = cell_job.compare_sweep(spec, folder, SlurmOptions.from_args(args))
     elif args.launcher == "slurm":

@@ -90,15 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         commands.error("argument --gpus: the GPUs a --dry-run estimates for; add --dry-run (a run's GPUs are "
                        "torchrun's --nproc_per_node)")  # fmt: skip
     cfg = config_from_args(args)
-    if args.gpus is not None and cfg.train.global_batch_size % (cfg.train.micro_batch_size * args.gpus):
-        t = cfg.train
-        fits = [n for n in range(1, t.global_batch_size // t.micro_batch_size + 1)
-                if t.global_batch_size % (t.micro_batch_size * n) == 0]  # fmt: skip
-        raise UserError(
-            f"--gpus {args.gpus}: train.global_batch_size {t.global_batch_size} does not split into micro-batches of "
-            f"{t.micro_batch_size} over {args.gpus} GPUs; GPU counts that split it: {' '.join(map(str, fits))} (or "
-            "change the batch)"
-        )
+    if args.gpus is not None and cfg.train.split_problem(args.gpus, "GPUs"):
+        raise UserError(f"--gpus {args.gpus}: {cfg.train.split_problem(args.gpus, 'GPUs')}")
     if args.print_config:
         print(dump_config(cfg), end="")
         return 0

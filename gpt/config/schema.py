@@ -317,6 +317,18 @@ class TrainConfig:
         "attn_logit_max, nonfinite (any statistic not finite); []: warnings are only said",
     )
 
+    def split_problem(self, processes: int, what: str = "processes") -> str | None:
+        """Why global_batch_size does not split into micro-batches over ``processes`` ranks, or None."""
+        if self.global_batch_size % (self.micro_batch_size * processes) == 0:
+            return None
+        fits = [n for n in range(1, self.global_batch_size // self.micro_batch_size + 1)
+                if self.global_batch_size % (self.micro_batch_size * n) == 0]  # fmt: skip
+        return (
+            f"train.global_batch_size {self.global_batch_size} is not a multiple of train.micro_batch_size "
+            f"{self.micro_batch_size} x {processes} {what}; choose a global batch divisible by "
+            f"{self.micro_batch_size * processes}, or {what} that split it: {' '.join(map(str, fits))}"
+        )
+
     def validate(self, fail) -> None:
         for name in self.stop_on:
             if name not in STOP_ON:

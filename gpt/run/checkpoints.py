@@ -54,7 +54,6 @@ POINTERS = ("latest", "best")
 STEP_NAME = re.compile(r"step-\d{8}")  # a whole checkpoint: it resumes
 BEST_NAME = re.compile(r"best-\d{8}")  # a best validation's weights alone (no state.pt)
 CHECKPOINT_NAME = re.compile(r"(?:step|best)-\d{8}")  # what a pointer may name
-EVAL_PREFIX = "eval-"  # an evaluation result kept beside a checkpoint: eval-<split>...-<precision>.json
 
 
 CHECKPOINTS_PER_RUN = 10  # train.checkpoint_every null: a kill loses at most a tenth of the run
@@ -141,7 +140,8 @@ def save_checkpoint(
                 torch.save(state, f)
             (tmp / CONFIG_FILE).write_text(config_yaml)
             (tmp / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
-            _keep_results(root / name, tmp)
+            for kept in _kept_beside(root / name, tmp):  # its evaluation results, where the weights are the same
+                shutil.copy2(kept, tmp / kept.name)
         for pointer in ("latest", "best") if is_best else ("latest",):
             _write_pointer(root, pointer, name)
     _prune(root, keep_last)
@@ -161,20 +161,22 @@ def save_best_weights(
             save_file(weights, str(tmp / MODEL_FILE))
             (tmp / CONFIG_FILE).write_text(config_yaml)
             (tmp / INFO_FILE).write_text(json.dumps({**info, "weights_only": True}, indent=2) + "\n")
-            _keep_results(root / name, tmp)
+            for kept in _kept_beside(root / name, tmp):  # its evaluation results, where the weights are the same
+                shutil.copy2(kept, tmp / kept.name)
         _write_pointer(root, "best", name)
     _prune(root, keep_last)
     return root / name
 
 
-def _keep_results(old: Path, new: Path) -> None:
-    """Carry the evaluation results kept beside checkpoint folder ``old`` into ``new`` (its replacement, being
-    written) where the two hold the same weights, byte for byte: a resumed run that writes the same step again
-    leaves what was measured on it in place. Other weights make them stale: they go with the old folder."""
+def _kept_beside(old: Path, new: Path) -> list[Path]:
+    """The files kept beside checkpoint folder ``old`` (its evaluation results: anything not the checkpoint's own)
+    to carry into ``new``, its replacement being written, where the two hold the same weights byte for byte: a
+    resumed run that writes the same step again leaves what was measured on it in place. Other weights make them
+    stale: they go with the old folder."""
     if not (old / MODEL_FILE).is_file() or not filecmp.cmp(old / MODEL_FILE, new / MODEL_FILE, shallow=False):
-        return
-    for result in old.glob(f"{EVAL_PREFIX}*.json"):
-        shutil.copy2(result, new / result.name)
+        return []
+    own = {MODEL_FILE, STATE_FILE, CONFIG_FILE, INFO_FILE}
+    return [f for f in sorted(old.iterdir()) if f.is_file() and f.name not in own]
 
 
 @contextlib.contextmanager

@@ -32,7 +32,6 @@ from gpt.common.errors import UserError, first_line, os_reason
 from gpt.common.files import WriteError, read_json, write_atomically, write_json
 from gpt.config import ConfigError, parse_yaml
 from gpt.run.checkpoints import (
-    EVAL_PREFIX,
     MODEL_FILE,
     CheckpointError,
     is_checkpoint,
@@ -47,6 +46,7 @@ COMPLETED, DIVERGED, INTERRUPTED, RUNNING = "completed", "diverged", "interrupte
 UNFINISHED = "unfinished"  # no summary.json: killed before its first summary, or never started
 FINISHED = (COMPLETED, DIVERGED)  # results: a sweep does not run them again
 EXIT_CODES = {COMPLETED: 0, DIVERGED: 3, INTERRUPTED: 4}  # train.py's exit status for each (2: a user error)
+EVAL_PREFIX = "eval-"
 CHECKPOINTS_DIR = "checkpoints"
 STATS_FILE = "stats.jsonl"  # what each norm does inside the model, every log.stats_every steps (gpt.training.inside)
 COMPARISON_FILE = "comparison.json"  # compare's result, in a folder beside the runs it compares (the sweep's)

@@ -30,8 +30,9 @@ def size_counts(spec: SweepSpec) -> dict[str, int] | None:
     return dict(sorted(counts.items(), key=lambda kv: kv[1]))
 
 
-def plan_lines(spec: SweepSpec, noise_from=None, noise: float | None = None, detect=None, detect_trend=None) -> list:
-    """The sweep's cells and its power, as lines to print."""
+def plan_lines(spec: SweepSpec, args) -> str:
+    """The sweep's cells and its power, as text to print (``args``: the command's, ``power.add_arguments``')."""
+    noise_from, noise, detect, detect_trend = (getattr(args, k) for k in power.PLAN_KEYS)
     if spec.init_seeds:
         raise UserError(
             "--plan with --init-seeds/--data-seeds: the plan is of independent seeds (a paired t test over them); "
@@ -55,4 +56,4 @@ def plan_lines(spec: SweepSpec, noise_from=None, noise: float | None = None, det
     tested = "the confirmation seeds" if spec.confirm_seeds else "the seeds"
     out.append(f"# each question is tested over {tested}, paired by seed with the baseline")
     p = power.plan(sd, seeds, list(counts.values()) if counts else None, detect, detect_trend)
-    return out + power.lines(p, source)
+    return "\n".join(out + power.lines(p, source))

@@ -172,12 +172,9 @@ class Trainer:
     def preflight(self, resume: str | None, overwrite: bool) -> None:
         """Everything a user can get wrong, checked before any model is built."""
         cfg, dist, t = self.cfg, self.dist, self.cfg.train
-        if t.global_batch_size % (t.micro_batch_size * dist.world_size):
-            raise UserError(
-                f"train.global_batch_size {t.global_batch_size} is not a multiple of "
-                f"train.micro_batch_size {t.micro_batch_size} x {dist.world_size} processes; "
-                f"choose a global batch divisible by {t.micro_batch_size * dist.world_size}"
-            )
+        unsplit = t.split_problem(dist.world_size)
+        if unsplit:
+            raise UserError(unsplit)
         for note in check_nodes(dist, cfg, cfg.run_dir.parent):  # several machines: the same code, config, folder
             if dist.is_main:
                 print(note, file=sys.stderr)

@@ -351,8 +351,9 @@ def test_the_nodes_preflight_refuses_a_rendezvous_or_node_count_it_cannot_use(cl
             "error: --nodes 0: the job's node count must be >= 1",
         ),
         (["--nodes", "2"], "error: --nodes needs --rendezvous HOST:PORT (torchrun's --rdzv-endpoint)"),
-        (["--timeout", "nan"], "error: argument --timeout: 'nan': a finite number above 0"),
-        (["--timeout", "inf"], "error: argument --timeout: 'inf': a finite number above 0"),
+        (["--timeout", "nan"], "error: argument --timeout: nan: seconds, a finite number above 0"),
+        (["--timeout", "inf"], "error: argument --timeout: inf: seconds, a finite number above 0"),
+        (["--timeout", "0"], "error: argument --timeout: 0.0: seconds, a finite number above 0"),
     ]:
         out = cli(ROOT / "scripts" / "preflight.py", *args)
         assert out.returncode == 2 and out.stderr.splitlines()[-1].endswith(said), out.stderr

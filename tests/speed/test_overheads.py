@@ -53,7 +53,7 @@ def test_the_counts_follow_the_loops_rules():
 
 
 def test_the_dry_run_prints_them(cli):
-    out = cli("train", CONFIGS / "tiny.yaml", "--dry-run", "--gpus", "2")
+    out = cli("train", CONFIGS / "tiny.yaml", "--dry-run", "--gpus", "2", "--set", "train.global_batch_size=16")
     assert out.returncode == 0 and "overheads on 2 GPUs" in out.stdout, out.stderr
     assert "checkpoint writes: " in out.stdout and " 1 host read, " in out.stdout  # the stats step counted
 
@@ -70,8 +70,8 @@ def test_a_gpu_count_the_batch_cannot_split_or_without_a_dry_run_is_refused(caps
     assert main([str(CONFIGS / "gpt2-small.yaml"), "--dry-run", "--gpus", "7"]) == 2
     out = capsys.readouterr()
     assert out.out == "" and out.err == (
-        "error: --gpus 7: train.global_batch_size 96 does not split into micro-batches of 12 over 7 GPUs; GPU counts "
-        "that split it: 1 2 4 8 (or change the batch)\n"
+        "error: --gpus 7: train.global_batch_size 96 is not a multiple of train.micro_batch_size 12 x 7 GPUs; choose "
+        "a global batch divisible by 84, or GPUs that split it: 1 2 4 8\n"
     )
     with pytest.raises(SystemExit) as e:  # a run's GPUs are torchrun's: --gpus would be ignored
         main([str(CONFIGS / "tiny.yaml"), "--gpus", "8", "--set", f"run.dir={tmp_path / 'r'}"])

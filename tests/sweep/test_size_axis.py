@@ -137,7 +137,7 @@ def test_the_plan_says_what_the_seeds_detect_and_runs_nothing(config, tmp_path, 
     for bad in ("nan", "-0.01", "0", "inf"):
         with pytest.raises(SystemExit):
             sweep_main([*base, "--plan", "--noise", bad])
-        assert f"argument --noise: '{bad}': a finite number above 0" in capsys.readouterr().err
+        assert f"argument --noise: '{bad}': a finite number above 0, in nats" in capsys.readouterr().err
 
 
 def test_the_sweeps_command_line_round_trips_its_sizes_and_compares_across_them(config, tmp_path, capsys):

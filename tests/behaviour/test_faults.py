@@ -552,3 +552,25 @@ def test_a_kill_before_the_summary_resumes_to_the_same_summary(finished, train_y
     assert again["steps"] == first["steps"] == 20 and again["status"] == "completed"
     assert first["final_train_loss"] is not None and again["final_train_loss"] == first["final_train_loss"]
     assert again["best_val_loss"] == first["best_val_loss"]
+
+
+def test_a_peri_run_computing_norms_in_their_input_dtype_resumes_to_the_same_bits(train_yaml, tmp_path):
+    """norm_compute_dtype: input is upgraded to float32 only where it changes nothing (pre/post without QK-norm):
+    a peri run under bf16 autocast keeps it through a kill and a resume, and ends on the uninterrupted run's bits."""
+    config = train_yaml("peri")
+    text = config.read_text().replace("precision: fp32", "precision: bf16")
+    config.write_text(text.replace("norm_type: pytorch_layernorm}", "norm_type: handrolled_layernorm, "
+                                   "norm_placement: peri, norm_compute_dtype: input}"))  # fmt: skip
+    cfg = load_config(config)
+    train(cfg)
+    killed = tmp_path / "killed"
+    shutil.copytree(cfg.run_dir, killed)
+    shutil.rmtree(killed / "checkpoints" / "step-00000020")  # as a kill after step 10's checkpoint leaves it
+    (killed / "checkpoints" / "latest").write_text("step-00000010\n")
+    (killed / "summary.json").unlink()
+    resumed = load_config(killed / "config.yaml", [f"run.dir={killed}"])
+    assert (resumed.model.norm_placement, resumed.model.norm_compute_dtype) == ("peri", "input")
+    train(resumed, resume="auto")
+    assert same_weights(weights(cfg.run_dir), weights(killed))
+    saved = load_config(killed / "checkpoints" / "step-00000020" / "config.yaml")
+    assert saved.model.norm_compute_dtype == "input"

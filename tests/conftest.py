@@ -165,9 +165,3 @@ def cli(capfd, monkeypatch):
         return Ran([str(command), *argv], code, out, err)
 
     return run
-
-
-def pytest_collection_modifyitems(config, items):
-    """The tests marked ``long`` first, the rest in their order: pytest-xdist hands tests out in collection order,
-    so a test of minutes collected late would run alone at the end of its tier while the other core idles."""
-    items.sort(key=lambda item: item.get_closest_marker("long") is None)  # a stable sort

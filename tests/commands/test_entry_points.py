@@ -183,7 +183,6 @@ def cross_entropies(data, n_test: int) -> tuple[float, float]:
 
 
 @pytest.mark.slow
-@pytest.mark.long
 def test_the_demo_resolves_a_difference_and_the_pairs_equivalence(tmp_path):
     """The demo as a newcomer runs it (about 9 minutes on 2 CPU cores), on its own design: its models are
     far past the unigram and bigram predictors, no_norm's paired 95% interval against hand-rolled LayerNorm

@@ -20,7 +20,7 @@ from gpt.analysis import scaling
 from gpt.analysis.charts import plot_scaling
 from gpt.analysis.comparable import check_comparable, check_names, check_only_the_norm_differs
 from gpt.analysis.report import _loss, escaped
-from gpt.analysis.runs import AXIS, load_runs
+from gpt.analysis.runs import AXIS, load_runs, seed_order
 from gpt.analysis.selection import LR_KEY
 from gpt.analysis.table import compare, json_safe
 from gpt.common.errors import UserError
@@ -169,10 +169,15 @@ def _norm_of(comparison: dict, group: str) -> str:
     return next(row["values"][AXIS] for row in comparison["groups"] if row["group"] == group)
 
 
+def _seeds(points: list[dict], key: str) -> list[str]:
+    """Every seed that ``points`` hold a value for under ``key`` (losses or gaps), in seed order."""
+    return sorted({k for p in points for k in p[key]}, key=seed_order)
+
+
 def seed_matrix(points: list[dict], key: str) -> np.ndarray:
     """``points``' values by seed (``key``: losses or gaps) as one data set (1, K seeds, S sizes): NaN where a seed
     has none at a size (``gpt.analysis.scaling.spread`` then takes the sizes one by one)."""
-    seeds = sorted({k for p in points for k in p[key]}, key=lambda k: (len(k), k))
+    seeds = _seeds(points, key)
     return np.array([[[p[key].get(k, math.nan) for p in points] for k in seeds]], float)
 
 
@@ -196,7 +201,7 @@ def _fit(points: list[dict], x_key: str, form: str, irreducible: float, predict_
 def _spread_points(points: list[dict], key: str) -> tuple[list[dict], list[str]]:
     """``points`` without the sizes whose one seed gives no spread where other sizes have two or more (their
     intervals would be NaN), and a line per size left out naming the seeds it lacks and why."""
-    seeds = sorted({k for p in points for k in p[key]}, key=lambda k: (len(k), k))
+    seeds = _seeds(points, key)
     if len(seeds) < 2:
         return points, []
     kept, said = [], []

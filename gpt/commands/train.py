@@ -90,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         commands.error("argument --gpus: the GPUs a --dry-run estimates for; add --dry-run (a run's GPUs are "
                        "torchrun's --nproc_per_node)")  # fmt: skip
     cfg = config_from_args(args)
-    if args.gpus is not None and cfg.train.split_problem(args.gpus, "GPUs"):
-        raise UserError(f"--gpus {args.gpus}: {cfg.train.split_problem(args.gpus, 'GPUs')}")
+    if args.gpus is not None and (unsplit := cfg.train.split_problem(args.gpus, "GPUs")):
+        raise UserError(f"--gpus {args.gpus}: {unsplit}")
     if args.print_config:
         print(dump_config(cfg), end="")
         return 0

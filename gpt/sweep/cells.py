@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
+from gpt.analysis.runs import seed_order
 from gpt.analysis.scaling import NEEDS
 from gpt.analysis.selection import LR_KEY
 from gpt.common.errors import UserError
@@ -213,7 +214,7 @@ def check_confirmation_kept(out: Path, confirm_seeds: list[int] | None) -> None:
     }
     wanted = {str(k) for k in confirm_seeds}
     if seeds and seeds != wanted:
-        held = " ".join(sorted(seeds, key=lambda k: (len(k), k)))
+        held = " ".join(sorted(seeds, key=seed_order))
         raise UserError(
             f"{out} holds the comparison of seeds {held}; --confirm-seeds {' '.join(map(str, confirm_seeds))} would "
             f"replace it: give --out another folder (or move it aside), or rerun with --confirm-seeds {held}"

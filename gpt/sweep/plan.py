@@ -10,19 +10,18 @@ from __future__ import annotations
 
 from gpt.analysis import power
 from gpt.common.errors import UserError
+from gpt.sweep.cells import Cell
 from gpt.sweep.spec import SweepSpec
 
 
-def size_counts(spec: SweepSpec) -> dict[str, int] | None:
-    """Each size's parameters outside the norm layers, smallest first (None without a size axis)."""
-    if not spec.sizes:
-        return None
+def size_counts(cells: list[Cell]) -> dict[str, int]:
+    """Each size's parameters outside the norm layers among ``cells`` (a sweep across sizes), smallest first."""
     import torch
 
     from gpt.model.gpt import GPT
 
     counts = {}
-    for cell in spec.grid_cells():
+    for cell in cells:
         size = cell.cfg.model.size
         if size not in counts:
             with torch.device("meta"):  # shapes only
@@ -47,10 +46,11 @@ def plan_lines(spec: SweepSpec, args) -> str:
     else:
         sd, source = power.DEFAULT_SD, "the default, an assumption: --noise-from a comparison of yours measures it"
     seeds = len(spec.confirm_seeds) if spec.confirm_seeds else len(spec.seeds)
-    counts = size_counts(spec)
-    cells = len(spec.grid_cells())
+    cells = spec.grid_cells()  # each cell's config resolved once: the count and the sizes' parameters
+    counts = size_counts(cells) if spec.sizes else None
     confirm = len(spec.norm_types) * seeds if spec.confirm_seeds else 0
-    out = [f"# plan: {cells} cell(s)" + (f", then {confirm} confirmation cell(s)" if confirm else "") + "; nothing run"]
+    then = f", then {confirm} confirmation cell(s)" if confirm else ""
+    out = [f"# plan: {len(cells)} cell(s){then}; nothing run"]
     if counts:
         out.append("# sizes (parameters outside the norms): " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
     tested = "the confirmation seeds" if spec.confirm_seeds else "the seeds"

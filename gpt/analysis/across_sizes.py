@@ -20,7 +20,7 @@ from gpt.analysis import scaling
 from gpt.analysis.charts import plot_scaling
 from gpt.analysis.comparable import check_comparable, check_names, check_only_the_norm_differs
 from gpt.analysis.report import _loss, escaped
-from gpt.analysis.runs import AXIS, load_runs, seed_order
+from gpt.analysis.runs import AXIS, load_runs
 from gpt.analysis.selection import LR_KEY
 from gpt.analysis.table import compare, json_safe
 from gpt.common.errors import UserError
@@ -171,7 +171,7 @@ def _norm_of(comparison: dict, group: str) -> str:
 
 def _seeds(points: list[dict], key: str) -> list[str]:
     """Every seed that ``points`` hold a value for under ``key`` (losses or gaps), in seed order."""
-    return sorted({k for p in points for k in p[key]}, key=seed_order)
+    return sorted({k for p in points for k in p[key]}, key=scaling.seed_order)
 
 
 def seed_matrix(points: list[dict], key: str) -> np.ndarray:

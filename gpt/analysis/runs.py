@@ -88,11 +88,6 @@ def seed_label(cell: tuple[int, int]) -> str:
     return str(data) if init == data else f"{init}/{data}"
 
 
-def seed_order(label: str) -> tuple[int, str]:
-    """A sort key of ``seed_label``s in numeric order (2 before 10) without parsing them."""
-    return len(label), label
-
-
 @dataclass
 class Group:
     """Runs that compute the same thing but for their seeds: one norm type (and one value of each --vary key)."""

@@ -223,6 +223,12 @@ def trend_many(n: np.ndarray, gaps: np.ndarray, level: float = LEVEL) -> dict:
     return _interval(slope, np.broadcast_to(w, (len(gaps), len(w))), gaps, level)
 
 
+def seed_order(label: str) -> tuple[int, str]:
+    """A sort key of seed labels (``gpt.analysis.runs.seed_label``) in numeric order, 2 before 10, without parsing
+    them: the order of a seed matrix's rows. Here, not beside seed_label, so that a sweep's checks import no torch."""
+    return len(label), label
+
+
 def first(many: dict) -> dict:
     """One data set's numbers out of a ``*_many`` result: plain floats (and bools), nested dicts alike."""
     out = {}

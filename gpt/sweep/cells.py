@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
-from gpt.analysis.runs import seed_order
-from gpt.analysis.scaling import NEEDS
+from gpt.analysis.scaling import NEEDS, seed_order
 from gpt.analysis.selection import LR_KEY
 from gpt.common.errors import UserError
 from gpt.common.files import read_json

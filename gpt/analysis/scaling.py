@@ -172,6 +172,18 @@ def _interval(estimate: np.ndarray, c: np.ndarray, losses: np.ndarray, level: fl
     return {**_t_interval_many(estimate, s["se"], s["df"], level), "method": s["method"]}
 
 
+def fitted_scaled(x: np.ndarray, losses: np.ndarray, form: str, irreducible: float) -> tuple[dict, float, np.ndarray]:
+    """``form`` fitted to the per-x means of ``losses`` (D, K, S) at ``x / ref``, ref the geometric mean of x: the
+    fit in that scaled unit (E, A, alpha, their ``sensitivity`` (D, 3, S) to the means, ``at_edge``), ref, and the
+    means (D, S)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a size no seed reached: NaN
+        means = np.nanmean(losses, 1)
+    ref = float(np.exp(np.log(x).mean()))
+    raw = _saturating(x / ref, means) if form == "saturating" else _power(x / ref, means, irreducible)
+    return raw, ref, means
+
+
 def fit_many(
     x: np.ndarray,
     losses: np.ndarray,
@@ -186,12 +198,8 @@ def fit_many(
     the predicted loss with its interval (``spread``). x is scaled by its geometric mean inside (the fit's numbers
     stay well conditioned over 6 orders of size)."""
     x, losses = np.asarray(x, float), np.asarray(losses, float)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # a size no seed reached: NaN
-        means = np.nanmean(losses, 1)
-    ref = float(np.exp(np.log(x).mean()))
+    raw, ref, means = fitted_scaled(x, losses, form, irreducible)
     scaled = x / ref
-    raw = _saturating(scaled, means) if form == "saturating" else _power(scaled, means, irreducible)
     sens, alpha, a = raw["sensitivity"], raw["alpha"], raw["A"]
     out = {
         "E": raw["E"],

@@ -56,7 +56,8 @@ def markdown(result: dict) -> str:
         lines += [
             f"Test loss: mean cross-entropy of the {_fmt(t.get('targets_scored'), ',')} tokens scored (each "
             f"predicted from those before it) in {t['split']} tokens [{t['offset']:,}, "
-            f"{t['offset'] + t['n_tokens']:,}) of {t['data_dir']} ({t['tokenizer']}), {t['precision']}.",
+            f"{t['offset'] + t['n_tokens']:,}) of {t['data_dir']} ({t['tokenizer']}), {t['precision']}. "
+            + _per_byte_text(t),
             "",
         ]
     if result.get("source"):
@@ -365,14 +366,28 @@ def _optimism_text(group: str, ours: dict, baseline: str, theirs: dict) -> str:
     )
 
 
+def _per_byte_text(t: dict) -> str:
+    """How the nats per token read as bits per byte of the scored text (or why they cannot here)."""
+    if t.get("bits_per_byte_per_nat") is None:
+        return (
+            "Bits per byte: not known (the evaluation did not count its text's bytes: evaluated before they were "
+            "counted, or a tokenizer not known here; evaluate.py again counts them)."
+        )
+    return (
+        f"Bits per byte = nats per token x {t['bits_per_byte_per_nat']:.6f} ({t['targets_scored']:,} tokens scored "
+        f"on {t['bytes_scored']:,} bytes of text, / ln 2): the unit in which models of other tokenizers compare."
+    )
+
+
 def _main_table(rows: list[dict], optimistic: dict[str, dict] | None = None, baseline: str = "") -> list[str]:
     """The test losses and each group's difference to the baseline; ``optimistic``: the optimism bound of each
     group whose rate was chosen on these runs (its interval is then marked, with the direction of the bias)."""
     optimistic = optimistic or {}
     ci = "nominal 95% CI, optimistic: rates chosen on these runs" if optimistic else "95% CI"
     lines = [
-        f"| group | seeds | test loss mean | std | vs baseline ({ci}) | tokens/s | wall s | skipped steps | status |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| group | seeds | test loss mean | bits/byte | std | vs baseline ({ci}) | tokens/s | wall s | skipped steps "
+        "| status |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for g in rows:
         v = g["vs_baseline"]
@@ -388,7 +403,8 @@ def _main_table(rows: list[dict], optimistic: dict[str, dict] | None = None, bas
         skipped = ("**" + ", ".join(f"seed {seed}: {n:,}" for seed, n in skipped.items()) + "**") if skipped else "0"
         lines.append(
             f"| {g['group']} | {len(g['seeds'])} ({', '.join(g['seeds'])}) | "
-            f"{_fmt(g['test_loss_mean'], '.6f')} | {_fmt(g['test_loss_std'], '.6f')} | {versus} | "
+            f"{_fmt(g['test_loss_mean'], '.6f')} | {_fmt(g.get('test_loss_bits_per_byte'), '.4f')} | "
+            f"{_fmt(g['test_loss_std'], '.6f')} | {versus} | "
             f"{_fmt(g['tokens_per_s_mean'], ',.0f')} | {_fmt(g['wall_seconds_mean'], ',.0f')} | {skipped} | "
             f"{status} |"
         )

@@ -52,6 +52,11 @@ def summarise(
     rows = [_row(g, baseline, margin, detect) for g in groups]
     families = _adjust_for_multiplicity(rows)
     test = next((r.evaluation for g in groups for r in g.runs if r.evaluation), None)
+    per_byte = bits_per_nat(test)
+    for row in rows:  # every test loss in bits per byte too: the runs share their test tokens (check_comparable)
+        row["test_loss_bits_per_byte"] = None if per_byte is None else row["test_loss_mean"] * per_byte
+        for r in row["runs"]:
+            r["bits_per_byte"] = None if per_byte is None or r["test_loss"] is None else r["test_loss"] * per_byte
     return {
         "baseline": baseline_label,
         "equivalence_margin": margin,
@@ -65,9 +70,19 @@ def summarise(
         if test is None or "split" not in test
         else {
             k: test.get(k)
-            for k in ("data_dir", "split", "offset", "n_tokens", "targets_scored", "tokenizer", "precision")
-        },
+            for k in ("data_dir", "split", "offset", "n_tokens", "targets_scored", "bytes_scored", "tokenizer", "precision")
+        }
+        | {"bits_per_byte_per_nat": per_byte},
     }
+
+
+def bits_per_nat(evaluation: dict | None) -> float | None:
+    """What a test loss in nats per token is multiplied by to read in bits per byte of the scored text
+    (``gpt.evaluation.held_out.bits_per_byte``): tokens / (bytes x ln 2); None where the evaluation did not count
+    its bytes (one from before they were counted, or a tokenizer not known here)."""
+    if not evaluation or not evaluation.get("bytes_scored") or not evaluation.get("targets_scored"):
+        return None
+    return evaluation["targets_scored"] / (evaluation["bytes_scored"] * math.log(2))
 
 
 def _adjust_for_multiplicity(rows: list[dict]) -> dict:

@@ -19,6 +19,7 @@ import hashlib
 import importlib.util
 from pathlib import Path
 
+import numpy as np
 import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 from tiktoken_ext.openai_public import ENDOFTEXT, r50k_pat_str
@@ -109,3 +110,22 @@ def get_tokenizer(name: str = "gpt2") -> tiktoken.Encoding:
             f"tokenizer {name!r}: cannot load its files ({type(e).__name__}); tiktoken downloads "
             "them on first use: run once with the network, or use gpt2 or bytes (offline)"
         ) from None
+
+
+@functools.cache
+def token_byte_lengths(name: str) -> np.ndarray | None:
+    """The bytes of each token id's text under tokenizer ``name`` (its UTF-8 bytes; a special token such as
+    ``<|endoftext|>`` is a separator, not text: 0), as an int64 array over the ids; None for a tokenizer that cannot
+    be had here (a set prepared elsewhere). Bits per byte divide a loss's bits by the bytes of the text scored."""
+    try:
+        enc = get_tokenizer(name)
+    except TokenizerError:
+        return None
+    special = {enc.encode_single_token(s) for s in enc.special_tokens_set}
+    lengths = np.zeros(enc.n_vocab, np.int64)
+    for i in set(range(enc.n_vocab)) - special:
+        try:
+            lengths[i] = len(enc.decode_single_token_bytes(i))
+        except KeyError:  # an id the encoding leaves unassigned
+            continue
+    return lengths

@@ -16,11 +16,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 from tqdm import tqdm
 
 from gpt.common.errors import UserError
 from gpt.config import Config, config_from_dict
 from gpt.data.folders import open_split, resolve_data_dir
+from gpt.data.tokenizer import token_byte_lengths
 from gpt.data.tokens import DataError, TokenRange, tokenizer_name
 from gpt.evaluation.token_loss import evaluate_loss
 from gpt.model.gpt import GPT
@@ -138,10 +140,13 @@ def evaluate_model(model: GPT, held_out: HeldOutRange, tokens: TokenRange, optio
         )
         fingerprint = evaluation_fingerprint(dist, options.precision, batch_size, tokens.tokens)
     bar.close()
+    n_bytes = bytes_scored(tokens, scored, held_out.tokenizer)
     return {
         "loss": loss,
         "perplexity": math.exp(loss) if loss < 700 else math.inf,
         "targets_scored": scored,  # tokens predicted from those before them: the loss is their mean
+        "bytes_scored": n_bytes,  # their text's bytes (None: the tokenizer is not known here)
+        "bits_per_byte": bits_per_byte(loss, scored, n_bytes),
         **asdict(held_out),
         "range": [held_out.offset, held_out.offset + held_out.n_tokens],
         "precision": options.precision,
@@ -150,6 +155,25 @@ def evaluate_model(model: GPT, held_out: HeldOutRange, tokens: TokenRange, optio
         "seconds": time.perf_counter() - start,
         "fingerprint": fingerprint,
     }
+
+
+def bytes_scored(tokens: TokenRange, scored: int, tokenizer: str, chunk: int = 1 << 22) -> int | None:
+    """The bytes of the text of the ``scored`` targets of ``tokens`` (the tokens after its first: each predicted
+    from those before it), by ``gpt.data.tokenizer.token_byte_lengths``; None where the tokenizer is unknown."""
+    lengths = token_byte_lengths(tokenizer) if tokenizer != "unknown" else None
+    if lengths is None:
+        return None
+    total, first = 0, tokens.offset + 1
+    for start in range(first, first + scored, chunk):
+        ids = tokens.tokens.read(start, min(chunk, first + scored - start)).astype(np.int64)
+        total += int(lengths[np.clip(ids, 0, len(lengths) - 1)].sum())
+    return total
+
+
+def bits_per_byte(loss: float, scored: int, n_bytes: int | None) -> float | None:
+    """A mean loss in nats per token as bits per byte of the text scored: ``loss * tokens / (bytes * ln 2)``, the
+    unit in which a byte-level and a BPE model's losses compare (None without the bytes)."""
+    return loss * scored / (n_bytes * math.log(2)) if n_bytes else None
 
 
 def evaluate_checkpoint(

@@ -221,8 +221,8 @@ def test_outputs_are_written(runs, tmp_path, cli):
     assert res.returncode == 0, res.stderr
     md = (out / "comparison.md").read_text()
     assert "| no_norm | 1 (0) | n/a | n/a | n/a |" in md and "1 diverged (diverged at step 530)" in md
-    assert "| pytorch_layernorm | 3 (0, 1, 2) | 3.575000 | 0.005000 | baseline |" in md
-    assert "| handrolled_layernorm | 3 (0, 1, 2) | 3.600000 | 0.010000 | +0.025000 [" in md and "paired" in md
+    assert "| pytorch_layernorm | 3 (0, 1, 2) | 3.575000 | n/a | 0.005000 | baseline |" in md
+    assert "| handrolled_layernorm | 3 (0, 1, 2) | 3.600000 | n/a | 0.010000 | +0.025000 [" in md and "paired" in md
     assert md in res.stdout
     assert "Test loss: mean cross-entropy of the 960 tokens scored (each predicted from those before it) in test " in md
     data = json.loads((out / "comparison.json").read_text())

@@ -279,3 +279,27 @@ def test_results_of_a_patched_evaluator_are_refused_and_named(token_set, tmp_pat
         "- **allowed to differ** (--allow-differ): evaluation.code.source: "
         in (tmp_path / "cmp" / "comparison.md").read_text()
     )
+
+
+def test_bits_per_byte_counts_the_bytes_of_the_scored_targets_text(tmp_path):
+    """The bytes are those of the targets' decoded text (the first token of the range is never a target; the
+    end-of-document separator is no text), and bits per byte is loss * tokens / (bytes * ln 2)."""
+    from gpt.data.folders import open_split
+    from gpt.data.tokenizer import EOT_TOKEN, gpt2_encoding
+    from gpt.evaluation.held_out import bits_per_byte, bytes_scored
+
+    enc = gpt2_encoding()
+    docs = ["Ünïcödé façade — naïve café", "plain ascii text, twice over", "日本語のテキスト 🙂 emoji"] * 40
+    ids = [t for d in docs for t in [*enc.encode_ordinary(d), EOT_TOKEN]]
+    folder = tmp_path / "set"
+    folder.mkdir()
+    np.array(ids, np.uint16).tofile(folder / "test.bin")
+    (folder / "meta.json").write_text(json.dumps({"dtype": "uint16", "tokenizer": {"name": "gpt2"}}))
+    span, seq_len = TokenRange(open_split(folder, "test"), 7, 700), 16
+    scored = span.n_sequences(seq_len) * seq_len
+    targets = ids[7 + 1 : 7 + 1 + scored]
+    text = enc.decode_bytes([t for t in targets if t != EOT_TOKEN])
+    assert EOT_TOKEN in targets and len(text) > scored  # multi-byte characters: more bytes than tokens
+    assert bytes_scored(span, scored, "gpt2") == len(text)
+    assert bits_per_byte(2.5, scored, len(text)) == pytest.approx(2.5 * scored / (len(text) * math.log(2)), rel=1e-12)
+    assert bytes_scored(span, scored, "unknown") is None and bits_per_byte(2.5, scored, None) is None

@@ -35,6 +35,7 @@ INSIDE_CHARTS = {
     "attn_logit_max": ("inside_attn_logit_max.png", "attention logit max (q.k/sqrt(head_dim), over heads)"),
     "update_ratio": ("inside_update_ratio.png", "update ratio ||W_after - W_before|| / ||W_before||"),
 }
+SPEEDUP_CHART = "speedup.png"  # a comparison's effective speedup: loss against compute and against GPU time
 INSIDE_SHEET = "inside.png"  # a comparison's: the three by group, mean over seeds with a min-max band
 
 
@@ -257,6 +258,52 @@ def _test_loss_label(row: dict) -> str:
     if math.isnan(mean):
         return f"{row['group']}\nn/a (not evaluated)"
     return f"{row['group']}\n{mean:.4f}, {n} seed{'s' if n != 1 else ''}"
+
+
+def plot_speedup(section: dict, path: Path) -> Path:
+    """The effective speedup (``gpt.analysis.speedup``): test loss against training FLOPs (left) and against GPU
+    seconds (right, where time-matched is computed), log x. The baseline's runs (each seed, and the mean) with its
+    fitted curve (dashed beyond its runs); each norm type's mean at its own cost, and the horizontal gap to the cost
+    the baseline needs for that loss (the arrow: ES = where it points / where it starts)."""
+    panels = [("compute", "training FLOPs")] + ([("time", "GPU seconds (steady-state tokens/s)")] if
+                                                 section["curve"]["time"] else [])  # fmt: skip
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.8), dpi=100, squeeze=False)
+    for ax, (name, label) in zip(axes[0], panels):
+        _speedup_panel(ax, section, name, label)
+    return save_figure(fig, path)
+
+
+def _speedup_panel(ax, section: dict, name: str, label: str) -> None:
+    """One panel of ``plot_speedup``: ``name`` (compute or time) on the x axis, ``label`` its words."""
+    colours = plt.get_cmap("tab10")
+    curve, rungs = section["curve"][name], section["rungs"]
+    xs = np.array(curve["x"], float)
+    for x, r in zip(xs, rungs):
+        ax.plot([x] * len(r["losses"]), list(r["losses"].values()), ".", color=colours(0), alpha=0.45, ms=5)
+    ax.plot(xs, [np.mean(list(r["losses"].values())) for r in rungs], "o", color=colours(0),
+            label=f"{section['baseline']} (baseline)")  # fmt: skip
+    needed = [v[name]["needed"] * 1.0 for v in section["norms"].values() if v[name] and v[name]["crosses"]]
+    wide = np.geomspace(min([xs.min(), *needed]), max([xs.max(), *needed]), 200)
+    fitted = curve["E"] + curve["A"] * wide ** -curve["alpha"]
+    inside = (wide >= xs.min() * (1 - 1e-9)) & (wide <= xs.max() * (1 + 1e-9))
+    ax.plot(wide[inside], fitted[inside], "-", color=colours(0), lw=1.2)
+    ax.plot(wide, np.where(inside, np.nan, fitted), "--", color=colours(0), lw=1)
+    for i, (norm, v) in enumerate(section["norms"].items(), 1):
+        es = v[name]
+        if es is None:
+            continue
+        x = es["x_variant"]
+        ax.plot([x], [v["loss_mean"]], "D", color=colours(i % 10), label=f"{norm}: ES {es['es']:.2f}x")
+        if es["crosses"]:
+            ax.annotate("", xy=(es["needed"], v["loss_mean"]), xytext=(x, v["loss_mean"]),
+                        arrowprops={"arrowstyle": "->", "color": colours(i % 10)})  # fmt: skip
+    ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel(label)
+    ax.set_ylabel("test loss (nats per token)")
+    ax.set_title(f"{name}-matched: {section['route']}, {section['formula']}", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
 
 
 def plot_scaling(result: dict, path: Path) -> Path:

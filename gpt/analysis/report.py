@@ -18,6 +18,7 @@ from gpt.analysis.selection import (
     direction,
     edge_line,
 )
+from gpt.analysis.speedup import lines as speedup_lines
 from gpt.evaluation.tasks import TASKS
 from gpt.run.directory import STATS_FILE
 
@@ -82,6 +83,7 @@ def markdown(result: dict) -> str:
         "any trained on fewer updates than the rest.",
     ]
     lines += _versus_table(result)
+    lines += speedup_lines(result.get("effective_speedup"))
     lines += _task_lines(result)
     lines += _sources_lines(result["groups"])
     left_out = [(g["group"], x) for g in result["groups"] for x in g["left_out"]]

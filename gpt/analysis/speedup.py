@@ -28,8 +28,9 @@ import math
 
 import numpy as np
 
-from gpt.analysis.scaling import fitted_scaled, spread
+from gpt.analysis.scaling import FORMULA, NEEDS, first, fit_many, fitted_scaled, seed_order, spread
 from gpt.analysis.stats import LEVEL, _t_interval_many
+from gpt.common.errors import UserError
 
 
 def speedup_many(
@@ -82,3 +83,346 @@ def speedup_many(
             "inside": crosses & (z >= scaled.min() * (1 - 1e-9)) & (z <= scaled.max() * (1 + 1e-9)),
             "crosses": crosses & ~raw["at_edge"],
         }
+
+
+# --- from runs to the section -------------------------------------------------------------------------------------
+
+THROUGHPUT_SPREAD = 1.15  # a group's tokens/s max / min beyond which its runs' own throughput is not trusted
+HARDWARE_KEYS = ("hardware.device", "hardware.name", "hardware.world_size")  # what time-matched runs must share
+BENCH_HINT = (
+    "time the norm types side by side in one process with scripts/bench.py CONFIG --norm-types ... --jsonl "
+    "BENCH.jsonl and give it to compare.py --throughput BENCH.jsonl"
+)
+
+
+def point(runs: list, label: str) -> dict:
+    """Runs of one cost (one group, or one rung of the ladder) as the section takes them: its tokens and training
+    FLOPs (from the runs' summaries), each seed's test loss and steady-state tokens/s, and the runs' names."""
+    used = [r for r in runs if r.usable and math.isfinite(r.evaluation["loss"])]
+    tokens = next((r.planned_tokens for r in used if r.planned_tokens), None)
+    per_token = next((r.summary.get("flops_per_token") for r in used if r.summary.get("flops_per_token")), None)
+    return {
+        "label": label,
+        "tokens": tokens,
+        "flops": per_token * tokens if per_token and tokens else None,
+        "losses": {r.seed: r.evaluation["loss"] for r in used},
+        "tokens_per_s": {r.seed: r.summary["tokens_per_s"] for r in used if r.summary.get("tokens_per_s")},
+        "runs": [r.path.name for r in used],
+    }
+
+
+def hardware_problem(runs: list) -> str | None:
+    """Why these runs' tokens/s cannot be set side by side: they ran on more than one device type or count (or
+    one run changed device between its segments); None when they all ran on one."""
+    kinds: dict[str, list[str]] = {}
+    for r in runs:
+        kind = ", ".join(f"{k.split('.')[1]} {r.view.get(k)}" for k in HARDWARE_KEYS)
+        kinds.setdefault(kind, []).append(r.path.name)
+    if len(kinds) < 2:
+        return None
+    said = "; ".join(f"{kind} ({len(names)} run(s): {', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+                     for kind, names in kinds.items())  # fmt: skip
+    return (
+        f"time-matched effective speedup refused: the runs ran on different hardware ({said}); tokens/s compare only "
+        "on one device type and count: train them on one kind of machine, or " + BENCH_HINT
+    )
+
+
+def spread_problem(points: list[dict]) -> str | None:
+    """Why the runs' own tokens/s are no measurement of the norm: a point's runs (one model, one machine) spread
+    more than ``THROUGHPUT_SPREAD``-fold, or some run recorded none; None when they agree."""
+    for p in points:
+        rates = list(p["tokens_per_s"].values())
+        if len(rates) < len(p["losses"]):
+            return (
+                f"time-matched effective speedup not computed: runs of {p['label']} recorded no steady tokens/s; "
+                + BENCH_HINT
+            )
+        if rates and max(rates) / min(rates) > THROUGHPUT_SPREAD:
+            shown = ", ".join(f"{v:,.0f}" for v in rates)
+            return (
+                f"time-matched effective speedup not computed: the runs of {p['label']} trained at {shown} tokens/s, "
+                f"{max(rates) / min(rates):.2f}-fold apart (more than {THROUGHPUT_SPREAD:g}): the same model on the "
+                "same machine, so the machine was shared with other work and these tokens/s measure that, not the "
+                f"norm; {BENCH_HINT}"
+            )
+    return None
+
+
+def chosen_form(x: np.ndarray, base: np.ndarray, form: str, irreducible: float) -> tuple[str, str | None]:
+    """The curve's form: ``form``, or for ``auto`` the saturating form where it is identified (4 rungs or more,
+    alpha inside its range, E in [0, the lowest mean loss)), else the log-log line, with why."""
+    if form != "auto":
+        return form, None
+    if len(x) < NEEDS["saturating"]:
+        return "power", f"{len(x)} costs: E + A*x^-alpha needs {NEEDS['saturating']} or more"
+    raw, _, means = fitted_scaled(x, base, "saturating", irreducible)
+    if raw["at_edge"][0] or not 0 <= raw["E"][0] < np.nanmin(means):
+        return "power", "E + A*x^-alpha does not identify E at these costs (the losses do not level off)"
+    return "saturating", None
+
+
+def _matrix(points: list[dict], seeds: list[str], key: str = "losses") -> np.ndarray:
+    return np.array([[[p[key].get(k, math.nan) for p in points] for k in seeds]], float)
+
+
+def _one(x, rungs, variant, x_variant, seeds, form, irreducible, log_ratio=None) -> dict:
+    """One effective speedup (one variant, one cost) as plain numbers."""
+    r = speedup_many(np.asarray(x, float), _matrix(rungs, seeds), x_variant, _matrix([variant], seeds)[:, :, 0],
+                     form, irreducible=irreducible, log_ratio=log_ratio)  # fmt: skip
+    out = first({k: v for k, v in r.items() if k != "log"})
+    out.update({"log_" + k: v for k, v in first(r["log"]).items() if k in ("se", "df", "method", "no_spread")})
+    return out
+
+
+def _geo(rates: dict) -> float:
+    return float(np.exp(np.mean(np.log(list(rates.values())))))
+
+
+def section(
+    rungs: list[dict],
+    variants: list[tuple[dict, int]],
+    baseline: str,
+    route: str,
+    *,
+    form: str = "auto",
+    irreducible: float = 0.0,
+    one_model: bool = False,
+    throughput: dict | None = None,
+) -> dict:
+    """The effective speedup of each variant over the baseline (module docstring). ``rungs``: the baseline's points
+    (``point``) in cost order; ``variants``: each variant's point and the index of the rung of its own size and
+    budget (its pair); ``route``: "token ladder" or "size ladder"; ``one_model``: every rung is one model (a token
+    ladder), so each is timed at its budget rung's tokens/s; ``throughput``: {"problem": why time-matched is not
+    computed, or None; "bench": {norm label: tokens/s} from bench.py, or None: the runs' own}."""
+    throughput = throughput or {"problem": None, "bench": None}
+    rungs = [r for r in rungs if r["losses"] and r["flops"]]
+    head = {"route": route, "baseline": baseline, "rungs": rungs, "throughput": throughput, "norms": {}}
+    if len(rungs) < NEEDS["power"]:
+        return {
+            **head,
+            "not_computed": f"the baseline has {len(rungs)} cost(s) with a test loss: its curve needs 2 or more",
+        }
+    seeds = sorted({k for p in [*rungs, *(v for v, _ in variants)] for k in p["losses"]}, key=seed_order)
+    flops = np.array([r["flops"] for r in rungs])
+    chosen, why = chosen_form(flops, _matrix(rungs, seeds), form, irreducible)
+    head.update(form=chosen, formula=FORMULA[chosen].replace("N", "x"), form_why=why, irreducible=irreducible)
+    seconds = _seconds(rungs, variants, throughput, one_model)
+    for name, x in (("compute", flops), ("time", seconds)):
+        fit = (
+            None
+            if x is None
+            else first(fit_many(np.asarray(x), _matrix(rungs, seeds), chosen, irreducible=irreducible))
+        )
+        head.setdefault("curve", {})[name] = None if fit is None else {
+            "x": list(x), "E": fit["E"], "A": fit["A"], "alpha": fit["alpha"]["mean"]}  # fmt: skip
+    for v, at in variants:
+        head["norms"][v["label"]] = _variant(v, rungs, at, seeds, chosen, irreducible, throughput, seconds)
+    return head
+
+
+def _seconds(rungs: list[dict], variants: list, throughput: dict, one_model: bool) -> list[float] | None:
+    """Each rung's training seconds at the tokens/s it is timed at (None: time-matched is not computed): one model
+    (a token ladder) at its budget rung's (or bench.py's) rate, else each rung at its own runs' rate."""
+    if throughput["problem"] is not None:
+        return None
+    if throughput.get("bench"):
+        rates = [throughput["bench"][throughput["baseline_bench"]]] * len(rungs)
+    elif one_model:
+        rates = [_geo(rungs[variants[0][1] if variants else 0]["tokens_per_s"])] * len(rungs)
+    else:
+        rates = [_geo(r["tokens_per_s"]) for r in rungs]
+    return [r["tokens"] / rate for r, rate in zip(rungs, rates)]
+
+
+def _variant(v: dict, rungs: list[dict], at: int, seeds: list[str], form, irreducible, throughput, seconds) -> dict:
+    """One variant's effective speedup, compute- and (where its throughput can be trusted) time-matched: its
+    tokens at its pair's rate, plus each seed's log ratio of its tokens/s to its pair's (bench.py's: one ratio)."""
+    out = {"loss_mean": float(np.mean(list(v["losses"].values()))), "pair": rungs[at]["label"], "time": None}
+    out["compute"] = _one([r["flops"] for r in rungs], rungs, v, v["flops"], seeds, form, irreducible)
+    out["compute"]["x_variant"] = v["flops"]
+    if seconds is not None:
+        bench, base = throughput.get("bench"), rungs[at]["tokens_per_s"]
+        if bench:
+            ratio = np.full((1, len(seeds)), math.log(bench[v["label"]] / bench[throughput["baseline_bench"]]))
+        else:
+            ratio = np.array([[math.log(v["tokens_per_s"][k] / base[k]) if k in v["tokens_per_s"] and k in base
+                               else math.nan for k in seeds]])  # fmt: skip
+        x_variant = seconds[at] * v["tokens"] / rungs[at]["tokens"]  # its tokens at its pair's rate
+        out["time"] = _one(seconds, rungs, v, x_variant, seeds, form, irreducible, ratio)
+        out["time"]["x_variant"] = x_variant / math.exp(float(np.nanmean(ratio)))  # at its own tokens/s
+    out["verdict"] = verdict(v["label"], out, rungs, rungs[at]["label"].partition(" ")[0])
+    return out
+
+
+def _x(es: dict) -> str:
+    return (
+        f"{es['es']:.2f}x"
+        if es["low"] is None or not math.isfinite(es["low"])
+        else (f"{es['es']:.2f}x [{es['low']:.2f}, {es['high']:.2f}]")
+    )
+
+
+def _share(es: dict) -> str:
+    """What share of the baseline's cost the variant needs: 1/ES with its interval."""
+    if es["low"] is None or not math.isfinite(es["low"]):
+        return f"{1 / es['es']:.2f}x"
+    return f"{1 / es['es']:.2f}x [{1 / es['high']:.2f}, {1 / es['low']:.2f}]"
+
+
+def verdict(label: str, v: dict, rungs: list[dict], base: str) -> str:
+    """One line: what share of the baseline's GPU time (and compute) the variant needs for its own test loss."""
+    c, t = v["compute"], v["time"]
+    means = [float(np.mean(list(r["losses"].values()))) for r in rungs]
+    if not c["crosses"]:
+        return (f"{label}'s test loss {v['loss_mean']:.4f} lies below the floor of {base}'s fitted curve: no cost of "
+                "the baseline reaches it on this curve (no effective speedup is read off it)")  # fmt: skip
+    where = "" if c["inside"] else (
+        f" (**extrapolated**: its loss {v['loss_mean']:.4f} lies outside the {min(means):.4f}-{max(means):.4f} "
+        f"the baseline's runs span; the curve's form decides these figures, not the runs)")  # fmt: skip
+    if t is None:
+        return (f"{label} reaches its test loss with {_share(c)} of the compute {base} needs for it (compute-matched "
+                f"effective speedup {_x(c)}); time-matched: not computed (below){where}")  # fmt: skip
+    return (f"{label} reaches its test loss with {_share(t)} of the GPU time {base} needs for it (time-matched "
+            f"effective speedup {_x(t)}); compute-matched {_x(c)}{where}")  # fmt: skip
+
+
+LENGTH_KEYS = ("train.steps", "train.tokens", "train.tokens_per_param")  # what a token ladder's rungs differ in
+
+
+def token_ladder(groups: list, baseline: str, ladder: list, *, form="auto", irreducible=0.0, bench=None) -> dict:
+    """The section at one size: the baseline group's runs (the budget) and ``ladder``, the baseline's runs at other
+    token budgets (``sweep.py --token-fractions``, each checked to differ from the baseline's runs in its length
+    and seed alone), as the baseline's curve; each other group a variant at the budget. ``bench``: tokens/s per norm
+    type from bench.py (``bench_rates``) instead of the runs' own."""
+    base = next(g for g in groups if g.label == baseline)
+    others = [g for g in groups if g.label != baseline]
+    check_ladder(base.runs, ladder)
+    by_tokens: dict = {}
+    for r in ladder:
+        by_tokens.setdefault(r.planned_tokens, []).append(r)
+    budget = point(base.runs, f"{baseline} (the budget)")
+    rungs = [budget] + [point(rs, f"{baseline} at {t / budget['tokens']:.3g}x") for t, rs in by_tokens.items()]
+    rungs = sorted(rungs, key=lambda p: p["tokens"] or 0)
+    variants = [(point(g.runs, g.label), rungs.index(budget)) for g in others]
+    throughput = throughput_check([*base.runs, *ladder, *(r for g in others for r in g.runs)], rungs, variants, bench)
+    if bench is not None and throughput["problem"] is None:
+        throughput["baseline_bench"] = baseline
+    return section(rungs, variants, baseline, "token ladder", form=form, irreducible=irreducible, one_model=True,
+                   throughput=throughput)  # fmt: skip
+
+
+def throughput_check(runs: list, rungs: list[dict], variants: list, bench: dict | None) -> dict:
+    """Whether the time-matched figure can be computed, and from what: the runs' own tokens/s (one device type
+    and count, no spread beyond ``THROUGHPUT_SPREAD`` within a point), or bench.py's rows (every norm type)."""
+    if bench is not None:
+        missing = [v["label"] for v, _ in variants if v["label"] not in bench["rates"]]
+        missing += [] if rungs and rungs[0]["label"].partition(" ")[0] in bench["rates"] else ["the baseline"]
+        problem = (f"time-matched effective speedup not computed: {bench['file']} has no step row of "
+                   f"{', '.join(missing)}; bench.py --norm-types names them") if missing else None  # fmt: skip
+        return {"problem": problem, "bench": bench["rates"], "source": bench["file"]}
+    used = [r for r in runs if r.usable]
+    problem = hardware_problem(used) or spread_problem([*rungs, *(v for v, _ in variants)])
+    return {"problem": problem, "bench": None, "source": "the runs' own steady-state tokens/s"}
+
+
+def check_ladder(base_runs: list, ladder: list) -> None:
+    """Refuse, in one line, ladder runs that are not the baseline's runs at other lengths."""
+    from gpt.analysis.comparable import check_comparable, check_only_the_norm_differs
+    from gpt.analysis.runs import AXIS
+
+    norm = base_runs[0].config[AXIS]
+    wrong = [r.path.name for r in ladder if r.config.get(AXIS) != norm]
+    if wrong:
+        raise UserError(
+            f"--ladder {', '.join(wrong)}: a token ladder is the baseline's ({norm}) runs at other token budgets; "
+            "give those, or --baseline their norm type"
+        )
+    check_comparable([*base_runs, *ladder], lengths=False)
+    try:
+        check_only_the_norm_differs([*base_runs, *ladder], [], list(LENGTH_KEYS), axes="the length and the seeds")
+    except UserError as e:
+        raise UserError(f"--ladder: {e}") from None
+
+
+def bench_rates(path, compile_: bool | None = None) -> dict:
+    """Each norm type's tokens/s from a bench.py JSON-lines file (its step rows; of ``compile_`` where it has
+    rows of both settings): {"file", "rates", "device"}; a file that is not one is refused in one line."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    try:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError) as e:
+        raise UserError(
+            f"--throughput {path}: not a bench.py JSON-lines file ({type(e).__name__}); {BENCH_HINT}"
+        ) from None
+    steps = [r for r in rows if isinstance(r, dict) and r.get("mode") == "step" and r.get("tokens_per_s")]
+    if compile_ is not None and len({r.get("compile") for r in steps}) > 1:
+        steps = [r for r in steps if r.get("compile") == compile_]
+    if not steps:
+        raise UserError(f"--throughput {path}: no training-step row with tokens/s in it; {BENCH_HINT}")
+    return {"file": str(path), "rates": {r["norm_type"]: r["tokens_per_s"] for r in steps},
+            "device": f"{steps[0].get('device')} x {steps[0].get('world_size')}"}  # fmt: skip
+
+
+SPEEDUP_HEADING = "Effective speedup"
+
+
+def _count(x) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.3g}{unit}"
+    return f"{x:.3g}"
+
+
+def lines(s: dict | None) -> list[str]:
+    """The section as Markdown: the baseline's curve, each norm type's verdict with both figures, the throughput."""
+    if not s:
+        return []
+    out = ["", f"## {SPEEDUP_HEADING}", ""]
+    if s.get("not_computed"):
+        return [*out, f"Not computed: {s['not_computed']}."]
+    ladder = "its runs at several token budgets at this size" if s["route"] == "token ladder" else "its sizes"
+    out += [
+        f"ES = C_base(L) / C: the cost {s['baseline']} needs to reach a norm type's test loss L, read from its "
+        f"fitted curve ({s['route']}: {ladder}; {s['formula']}"
+        + (f", E0 = {s['irreducible']:g}" if s["form"] == "power" else "")
+        + (f"; the log-log line because {s['form_why']}" if s.get("form_why") else "")
+        + "), over the norm type's own cost. Compute-matched: training FLOPs (what the norm changes in the function "
+        "learned); time-matched: seconds at steady-state tokens/s (the kernels' cost besides). ES > 1: cheaper than "
+        "the baseline. Intervals: 95% over seeds, the delta method seed by seed (gpt.analysis.speedup); they hold for "
+        "this curve's form.",
+        "",
+        "| baseline's runs | tokens | training FLOPs | seeds | mean test loss | tokens/s (min-max) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in s["rungs"]:
+        rates = list(r["tokens_per_s"].values())
+        shown = f"{min(rates):,.0f}-{max(rates):,.0f}" if rates else "-"
+        mean = float(np.mean(list(r["losses"].values())))
+        out.append(
+            f"| {r['label']} | {_count(r['tokens'])} | {_count(r['flops'])} | {len(r['losses'])} | {mean:.4f} | "
+            f"{shown} |"
+        )
+    out += [""] + [f"- {v['verdict']}" for v in s["norms"].values()]
+    t = s["throughput"]
+    out += ["", f"Throughput: {t['source']}" + (f". {t['problem']}." if t["problem"] else ".")]
+    return out
+
+
+def add_arguments(parser, sweep: bool = False) -> None:
+    """A command's options of the effective speedup: a sweep's --token-fractions (the baseline's ladder trained), or
+    a comparison's --ladder (those runs) and --throughput (bench.py's tokens/s instead of the runs' own)."""
+    from pathlib import Path
+
+    add = parser.add_argument
+    if sweep:
+        add("--token-fractions", nargs="+", type=float, metavar="F", help="the baseline also trained to F x the "
+            "token budget (complete runs): its curve, for each norm's effective speedup (0.5 0.71 1.41 2)")  # fmt: skip
+        return
+    add("--ladder", nargs="+", type=Path, default=[], metavar="RUN", help="the baseline's runs at other token "
+        "budgets (sweep.py --token-fractions): its curve, for each norm type's effective speedup")  # fmt: skip
+    add("--throughput", type=Path, metavar="BENCH.jsonl", help="with --ladder: the tokens/s of bench.py --jsonl "
+        "(steps timed side by side) for the time-matched figure, instead of the runs' own")  # fmt: skip

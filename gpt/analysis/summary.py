@@ -70,7 +70,11 @@ def summarise(
         if test is None or "split" not in test
         else {
             k: test.get(k)
-            for k in ("data_dir", "split", "offset", "n_tokens", "targets_scored", "bytes_scored", "tokenizer", "precision")
+            for k in (
+                *("data_dir", "split", "offset", "n_tokens", "targets_scored", "bytes_scored"),
+                "tokenizer",
+                "precision",
+            )
         }
         | {"bits_per_byte_per_nat": per_byte},
     }

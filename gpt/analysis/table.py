@@ -44,7 +44,8 @@ import math
 from pathlib import Path
 
 from gpt.analysis import results as results_table
-from gpt.analysis.charts import INSIDE_SHEET, comparison_charts
+from gpt.analysis import speedup
+from gpt.analysis.charts import INSIDE_SHEET, SPEEDUP_CHART, comparison_charts, plot_speedup
 from gpt.analysis.comparable import (
     check_comparable,
     check_margins,
@@ -56,9 +57,10 @@ from gpt.analysis.comparable import (
 from gpt.analysis.grouping import compared_groups, group_runs
 from gpt.analysis.inside import Stats, load_stats
 from gpt.analysis.report import markdown
-from gpt.analysis.runs import Group, load_runs
+from gpt.analysis.runs import Group, load_run, load_runs
 from gpt.analysis.selection import LR_KEY, check_select_on
 from gpt.analysis.summary import summarise, task_metrics
+from gpt.common.errors import UserError
 from gpt.common.files import write_atomically, write_json
 from gpt.run.directory import COMPARISON_FILE
 
@@ -107,6 +109,23 @@ def inside_of(groups: list[Group], out: Path) -> tuple[dict, list[tuple[str, lis
     return summary, [(label, [s for _, s in runs if s is not None]) for label, runs in loaded]
 
 
+def effective_speedup(groups, baseline, ladder, load, throughput, form, irreducible, select_on, vary) -> dict | None:
+    """The token ladder's section (``gpt.analysis.speedup``), or None without a ladder; refused, in one line, beside
+    a learning-rate selection or a --vary axis (the baseline's curve is one group's)."""
+    if not ladder:
+        if throughput is not None:
+            raise UserError("--throughput times the norm types for the effective speedup: give the baseline's --ladder")
+        return None
+    if select_on is not None or vary:
+        raise UserError(
+            "--ladder with --select-on or --vary: the token ladder is one group's curve; compare those apart"
+        )
+    runs = [load_run(p, **load) for p in ladder]
+    compile_ = next((r.summary.get("compile") for g in groups for r in g.runs if r.summary), None)
+    bench = speedup.bench_rates(throughput, compile_) if throughput is not None else None
+    return speedup.token_ladder(groups, baseline, runs, form=form, irreducible=irreducible or 0.0, bench=bench)
+
+
 def compare(
     paths: list[Path],
     out: Path,
@@ -125,6 +144,10 @@ def compare(
     failed: dict[str, str] | None = None,
     select_on: str | None = None,
     confirmation: dict | None = None,
+    ladder: list[Path] = (),
+    throughput: Path | None = None,
+    form: str = "auto",
+    irreducible: float | None = None,
     plots: bool = True,
 ) -> dict:
     """Write comparison.md, comparison.json, runs.csv and (if ``plots``) the charts into ``out``; return the
@@ -145,6 +168,7 @@ def compare(
     allowed = check_only_the_norm_differs(runs, vary, allow_differ)
     groups = group_runs(runs, vary)
     groups, baseline, why, selection = compared_groups(groups, baseline, select_on)
+    speedup = effective_speedup(groups, baseline, ladder, load, throughput, form, irreducible, select_on, vary)
     result = {
         **summarise(groups, baseline, equivalence_margin, detect),
         "baseline_rule": why,
@@ -156,14 +180,22 @@ def compare(
         "confirmation": confirmation,
         "without_fingerprint": [r.path.name for r in runs if not r.fingerprinted] if results is None else [],
         "failed": [{"run": name, "error": error} for name, error in (failed or {}).items()],
+        "effective_speedup": speedup,
     }
-    out = Path(out)
-    result["inside"], inside = inside_of(groups if results is None else [], out)  # a table's rows have no folders
+    result["inside"], inside = inside_of(groups if results is None else [], Path(out))  # a table's rows: no folders
+    return write_comparison(result, groups, Path(out), inside, plots)
+
+
+def write_comparison(result: dict, groups: list[Group], out: Path, inside: list, plots: bool) -> dict:
+    """Write ``result`` into ``out``: comparison.md, comparison.json, runs.csv and (if ``plots``) the charts."""
     out.mkdir(parents=True, exist_ok=True)
     write_atomically(out / "comparison.md", markdown(result))
     write_json(out / COMPARISON_FILE, json_safe(result), default=str, allow_nan=False)  # NaN -> null: standard JSON
     results_table.write_results(results_rows(groups), out / RESULTS_CSV)
     curves = [(g.label, [r.metrics for r in g.runs]) for g in groups]
-    drawn = comparison_charts(curves, result["groups"], out, inside, selection) if plots else []
+    drawn = comparison_charts(curves, result["groups"], out, inside, result["selection"]) if plots else []
+    speedup = result["effective_speedup"]
+    if plots and speedup and not speedup.get("not_computed"):
+        drawn.append(plot_speedup(speedup, out / SPEEDUP_CHART))
     result["plots"] = [str(p) for p in drawn]
     return result

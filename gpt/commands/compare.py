@@ -6,6 +6,7 @@
     python scripts/compare.py runs/* --allow-differ hardware.name     # seeds trained on two kinds of GPU
     python scripts/compare.py --results table.csv --detect 0.01       # numbers from anywhere (gpt.analysis.results)
     python scripts/compare.py runs/ladder-* --across-sizes --predict-at 124M    # runs of several model.size
+    python scripts/compare.py runs/demo-*[a-z]-s? --ladder runs/demo-*-t*-s? [--throughput BENCH.jsonl]  # speedup
     python -m gpt.commands.compare ...   /   gpt-compare ...
 
 Reads only run directories (config, metrics, summary with the fingerprints, and the evaluation
@@ -24,7 +25,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpt.analysis import scaling
+from gpt.analysis import scaling, speedup
 from gpt.commands.cli import command, parser_for
 from gpt.config import PRECISIONS
 
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-plots", action="store_true", help="write the tables only, no charts (seconds faster)")
     _add_differing_keys(parser)
     scaling.add_arguments(parser)
+    speedup.add_arguments(parser)
     return parser
 
 
@@ -86,10 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     keys = ("which", "split", "precision", "equivalence_margin", "detect", "vary", "allow_differ", "tokens", "offset")
     options = {k: getattr(args, k) for k in (*keys, "select_on")}
     fit = {"predict_at": args.predict_at, "form": args.form, "irreducible": args.irreducible}
-    if args.across_sizes and args.results is not None:
-        parser.error("--across-sizes reads run directories (their sizes and parameter counts), not --results")
-    if not args.across_sizes and any(value != parser.get_default(key) for key, value in fit.items()):
-        parser.error("--predict-at, --form and --irreducible fit across sizes: add --across-sizes")
+    if args.across_sizes and (args.results is not None or args.ladder):
+        parser.error("--across-sizes reads run directories of several sizes (their curve), not --results or --ladder")
+    if not args.across_sizes and args.predict_at is not None:
+        parser.error("--predict-at predicts from a fit across sizes: add --across-sizes")
+    if not (args.across_sizes or args.ladder) and (args.form, args.irreducible) != ("auto", None):
+        parser.error("--form and --irreducible fit a curve: add --across-sizes, or --ladder RUN...")
     if args.across_sizes:  # each size compared as below, then the fits across sizes
         from gpt.analysis.across_sizes import compare_sizes as compare
         from gpt.analysis.across_sizes import markdown
@@ -99,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         from gpt.analysis.report import markdown
         from gpt.analysis.table import compare
 
-        options["results"] = args.results
+        options.update(results=args.results, ladder=args.ladder, throughput=args.throughput, form=args.form,
+                       irreducible=args.irreducible)  # fmt: skip
     result = compare(args.runs, args.out, args.baseline, plots=not args.no_plots, **options)
     print(markdown(result), end="")
     plots = ", ".join(Path(p).name for p in result["plots"]) or "none (--no-plots)"

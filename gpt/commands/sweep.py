@@ -1,7 +1,7 @@
 """Run a grid of norm types x seeds, evaluate every cell, compare them: here, or as SLURM jobs.
 
     python scripts/sweep.py configs/gpt2-small.yaml --norm-types handrolled_layernorm pytorch_layernorm \
-        --seeds 0 1 2 [--nproc 8] [--set KEY=VALUE ...] [--dry-run]
+        --seeds 0 1 2 [--nproc 8] [--set KEY=VALUE ...] [--token-fractions 0.5 0.71 1.41 2] [--dry-run]
     python scripts/sweep.py configs/tiny.yaml --norm-types pytorch_layernorm --init-seeds 0 1 2 --data-seeds 0 1 2
     python scripts/sweep.py configs/tiny.yaml --seeds 0 1 --lrs 7e-4 1.4e-3 2.8e-3 [--confirm-seeds 2 3 4]
     python scripts/sweep.py configs/ladder.yaml --sizes 1x16 2x32 3x48 4x64 --seeds 0 1 2 [--predict-at 124M]
@@ -24,6 +24,8 @@ trend, a prediction at --predict-at). With --launcher slurm, every cell is a tas
 and requeued before its time limit) and a last job compares them when they have all ended (docs/cluster.md).
 Rerunning the same command skips finished cells, resumes (or leaves running) the others. --dry-run prints the
 commands or job scripts instead, --plan the seeds' power; --push-to-hub USER then publishes it (publish_sweep.py).
+--token-fractions also trains the baseline to those fractions of the token budget (runs/<config>-<norm-type>-t<F>-
+s<seed>): its loss-vs-compute curve, from which each norm type's effective speedup is read (compare --ladder).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpt.analysis import power, scaling
+from gpt.analysis import power, scaling, speedup
 from gpt.commands.cli import add_grid, add_overrides, command, parser_for, standard_hooks
 from gpt.config import NORM_TYPES
 from gpt.sweep.slurm import SlurmOptions
@@ -62,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--status", action="store_true", help="show each cell's job, state, step, last loss and requeues")
     add("--in-job", metavar="PART", help=argparse.SUPPRESS)  # cell:INDEX or compare: what a SLURM job runs
     scaling.add_arguments(parser, sweep=True)
+    speedup.add_arguments(parser, sweep=True)
     power.add_arguments(parser)
     SlurmOptions.add_arguments(parser)
     return parser
@@ -98,12 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from gpt.sweep.launch import run_sweep
 
-        result = run_sweep(
-            args.config, args.norm_types, args.seeds, args.runs_dir, init_seeds=args.init_seeds,
-            data_seeds=args.data_seeds, lrs=args.lrs, confirm_seeds=args.confirm_seeds, nproc=spec.nproc,
-            overrides=args.overrides, out=args.out, sizes=args.sizes,
-            dry_run=args.dry_run, hooks_for=standard_hooks, **spec.compare_options(),
-        )  # fmt: skip
+        result = run_sweep(**spec.run_options(), dry_run=args.dry_run, hooks_for=standard_hooks)
     if result is not None:
         from gpt.analysis import across_sizes, report
 

@@ -12,6 +12,7 @@ here, before anything runs.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -20,7 +21,7 @@ from gpt.analysis.scaling import NEEDS, seed_order
 from gpt.analysis.selection import LR_KEY
 from gpt.common.errors import UserError
 from gpt.common.files import read_json
-from gpt.config import Config, load_config
+from gpt.config import NORM_TYPES, Config, load_config
 from gpt.config.architecture import SEED_MAX
 from gpt.config.sizes import SIZE_KEY, SIZES, mixed_shapes
 from gpt.run.directory import COMPARISON_FILE, RunDir
@@ -51,12 +52,19 @@ def lr_text(lr: float) -> str:
 
 
 def cell_name(
-    config: Path, norm_type: str, seed: int, init_seed: int | None = None, lr: float | None = None, size: str = ""
+    config: Path,
+    norm_type: str,
+    seed: int,
+    init_seed: int | None = None,
+    lr: float | None = None,
+    size: str = "",
+    fraction: float | None = None,
 ) -> str:
     init = "" if init_seed is None else f"-i{init_seed}"
     rate = "" if lr is None else f"-lr{lr_text(lr)}"
     sized = f"-{size}" if size else ""
-    return f"{Path(config).stem}{sized}-{norm_type.replace('_', '-')}{rate}{init}-s{seed}"
+    part = "" if fraction is None else f"-t{fraction:g}"
+    return f"{Path(config).stem}{sized}-{norm_type.replace('_', '-')}{rate}{part}{init}-s{seed}"
 
 
 def sets_key(overrides: list[str], key: str) -> bool:
@@ -145,6 +153,85 @@ def _cell_keys(norm_type: str, seed: int, init: int | None, name: str, runs_dir:
         f"run.name={name}",
         f"run.dir={Path(runs_dir) / name}",
     ]
+
+
+LADDER_BASELINE = "handrolled_layernorm"  # the write-up's baseline, as a comparison's default (gpt.analysis.grouping)
+
+
+def ladder_norm(norm_types: list[str], baseline: str | None) -> str:
+    """The norm type a token ladder trains: the comparison's baseline (``--baseline``, else its default rule)."""
+    if baseline is not None:
+        if baseline not in norm_types:
+            raise UserError(
+                f"--baseline {baseline}: the token ladder trains the baseline, and the sweep's norm types are "
+                f"{' '.join(norm_types)}; name one of them"
+            )
+        return baseline
+    return LADDER_BASELINE if LADDER_BASELINE in norm_types else min(norm_types, key=list(NORM_TYPES).index)
+
+
+def fraction_overrides(config: Path, overrides: list[str], fraction: float) -> list[str]:
+    """The ``--set`` that trains ``fraction`` of the config's token budget, as it states its length (train.steps,
+    train.tokens or train.tokens_per_param): a complete run with its own schedule (warmup and decay by fraction)."""
+    t = load_config(config, list(overrides)).train
+    if t.steps is not None:
+        return [f"train.steps={max(1, round(fraction * t.steps))}"]
+    if t.tokens is not None:
+        return [f"train.tokens={max(1, round(fraction * t.tokens))}"]
+    return [f"train.tokens_per_param={float(f'{fraction * t.tokens_per_param:.12g}')!r}"]
+
+
+def check_fractions(fractions: list[float] | None, sizes, lrs, init_seeds, confirm_seeds) -> None:
+    """Refuse, before anything runs, a token ladder that cannot be one: a fraction not positive and finite, one
+    named twice, none but the budget itself, or beside another axis that changes what the baseline's curve is."""
+    if fractions is None:
+        return
+    bad = [f for f in fractions if not (math.isfinite(f) and 0 < f <= MAX_FRACTION)]
+    if bad:
+        raise UserError(
+            f"--token-fractions {' '.join(map(str, bad))}: a fraction of the token budget, > 0 and <= {MAX_FRACTION:g}"
+        )
+    names = [f"{f:g}" for f in fractions]
+    if len(set(names)) != len(names):
+        raise UserError(f"--token-fractions {' '.join(names)} names a fraction twice")
+    if not [f for f in fractions if f"{f:g}" != "1"]:
+        raise UserError("--token-fractions 1 is the budget the grid trains already: give other fractions too (0.5 2)")
+    for flag, given in (
+        ("--sizes", sizes),
+        ("--lrs", lrs),
+        ("--init-seeds", init_seeds),
+        ("--confirm-seeds", confirm_seeds),
+    ):
+        if given:
+            raise UserError(
+                f"--token-fractions with {flag}: the token ladder is the baseline's curve at one size, one rate, "
+                "one seed per run"
+                + (
+                    "; across sizes the size ladder is the curve already (drop --token-fractions)"
+                    if flag == "--sizes"
+                    else ""
+                )
+            )
+
+
+MAX_FRACTION = 16.0  # a token ladder's longest rung, in token budgets
+
+
+def ladder_cells(
+    config: Path, norm_type: str, seeds: list[int], runs_dir: Path, overrides: list[str], fractions: list[float]
+) -> list[Cell]:
+    """The token ladder: ``norm_type`` (the baseline) trained to each of ``fractions`` of the token budget (the
+    budget itself, 1, is the grid's own cell) with each seed, ``<config stem>-<norm-type>-t<fraction>-s<seed>``."""
+    cells = []
+    for fraction in fractions:
+        if f"{fraction:g}" == "1":
+            continue
+        length = fraction_overrides(config, overrides, fraction)
+        for seed in seeds:
+            name = cell_name(config, norm_type, seed, fraction=fraction)
+            cell_overrides = [*overrides, *length, *_cell_keys(norm_type, seed, None, name, runs_dir)]
+            cells.append(Cell(norm_type, seed, name, load_config(config, cell_overrides), cell_overrides))
+    return cells
 
 
 def check_size_axis(sizes: list[str] | None, confirm_seeds: list[int] | None, predict_at: float | None) -> None:

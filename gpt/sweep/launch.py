@@ -29,9 +29,12 @@ from gpt.run.distributed import setup
 from gpt.sweep.cells import (
     Cell,
     check_confirmation_kept,
+    check_fractions,
     check_rates,
     check_size_axis,
     comparison_folder,
+    ladder_cells,
+    ladder_norm,
     lay_out,
     selection_folder,
 )
@@ -105,6 +108,7 @@ def compare_command(cells: list[Cell], out: Path, options: dict) -> list[str]:
     words += [a for key in options.get("allow_differ") or () for a in ("--allow-differ", key)]
     words += ["--across-sizes"] if options.get("across_sizes") else []
     words += ["--predict-at", repr(options["predict_at"])] if options.get("predict_at") is not None else []
+    words += ["--ladder", *map(str, options["ladder"])] if options.get("ladder") else []
     return words + (["--select-on", options["select_on"]] if options.get("select_on") else [])
 
 
@@ -123,6 +127,7 @@ def run_sweep(
     overrides: list[str] = (),
     out: Path | None = None,
     sizes: list[str] | None = None,
+    token_fractions: list[float] | None = None,
     dry_run: bool = False,
     log=print,
     hooks_for=None,
@@ -132,21 +137,23 @@ def run_sweep(
     x ``data_seeds`` crossed; x ``lrs``; x ``sizes``, then compared across sizes) in ``runs_dir``, ``nproc``
     processes per run, and compare the cells into ``out`` (``compare_options``: ``compare_grid``'s); returns the
     comparison (None for a dry run, which only logs the commands). ``hooks_for(cfg)``: the hooks of a cell trained
-    in this process (``gpt.commands.cli.standard_hooks``).
+    in this process (``gpt.commands.cli.standard_hooks``); ``token_fractions``: the baseline's token ladder too
+    (``lay_out_ladder``).
 
     ``confirm_seeds`` (with ``lrs``): two stages. The grid is the selection: compared into ``<out>-selection``,
     where each norm type's rate is chosen on validation; then each chosen rate is trained on the fresh
     ``confirm_seeds`` alone, and those runs are compared into ``out`` (95% intervals, free of the choice)."""
     check_rates(confirm_seeds, lrs, seeds, init_seeds)
     check_size_axis(sizes, confirm_seeds, compare_options.get("predict_at"))
+    check_fractions(token_fractions, sizes, lrs, init_seeds, confirm_seeds)
     cells = lay_out(config, norm_types, seeds, runs_dir, overrides, seeds_for, init_seeds, data_seeds, lrs, sizes)
-    out = comparison_folder(config, runs_dir, out)
-    check_confirmation_kept(out, confirm_seeds)
+    ladder = lay_out_ladder(config, norm_types, seeds_for, seeds, runs_dir, overrides, token_fractions, compare_options)
+    check_confirmation_kept(out := comparison_folder(config, runs_dir, out), confirm_seeds)
     compare_options["across_sizes"] = compare_options.get("across_sizes") or bool(sizes)
     grid_out = selection_folder(out) if confirm_seeds else out
     if sizes and not dry_run:
         check_capacity(cells)
-    run_cells(config, cells, nproc, dry_run, log, hooks_for)
+    run_cells(config, cells + ladder, nproc, dry_run, log, hooks_for)
     if dry_run:
         log(shlex.join(compare_command(cells, grid_out, compare_options)))
         if confirm_seeds:
@@ -165,6 +172,17 @@ def run_sweep(
     log(f"confirmation: {len(confirmation)} cell(s) at the chosen rates, seeds {' '.join(map(str, confirm_seeds))}")
     run_cells(config, confirmation, nproc, False, log, hooks_for)
     return compare([c.run.path for c in confirmation], out, **spec.confirmation_options(result["selection"]))
+
+
+def lay_out_ladder(config, norm_types, seeds_for, seeds, runs_dir, overrides, fractions, options) -> list[Cell]:
+    """The baseline's token ladder (``fractions`` of the token budget; [] without), its runs' folders handed to the
+    comparison (``options["ladder"]``), the curve each norm type's effective speedup is read from."""
+    if not fractions:
+        return []
+    norm = ladder_norm(list(norm_types), options.get("baseline"))
+    cells = ladder_cells(config, norm, (seeds_for or {}).get(norm, seeds), runs_dir, overrides, fractions)
+    options["ladder"] = [c.run.path for c in cells]
+    return cells
 
 
 def check_capacity(cells: list[Cell]) -> None:

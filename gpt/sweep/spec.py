@@ -17,9 +17,12 @@ from gpt.run.directory import COMPARISON_FILE
 from gpt.sweep.cells import (
     MIN_LR_KEY,
     Cell,
+    check_fractions,
     check_rates,
     check_size_axis,
     comparison_folder,
+    ladder_cells,
+    ladder_norm,
     lay_out,
     min_lr_fixed,
     selection_folder,
@@ -46,10 +49,12 @@ class SweepSpec:
     confirm_seeds: list[int] | None = None  # with lrs: fresh seeds trained at each norm type's chosen rate alone
     sizes: list[str] | None = None  # model sizes (gpt.config.sizes) crossed with the grid; compared across sizes
     predict_at: float | None = None  # with sizes: the parameter count the comparison predicts each norm's loss at
+    token_fractions: list[float] | None = None  # the baseline's token ladder: fractions of the token budget
 
     def __post_init__(self) -> None:
         check_rates(self.confirm_seeds, self.lrs, self.seeds, self.init_seeds)
         check_size_axis(self.sizes, self.confirm_seeds, self.predict_at)
+        check_fractions(self.token_fractions, self.sizes, self.lrs, self.init_seeds, self.confirm_seeds)
         if self.sizes and self.push_to_hub:
             raise UserError(
                 "--push-to-hub with --sizes: publish each size's comparison when the sweep has run: scripts/"
@@ -68,10 +73,17 @@ class SweepSpec:
             init_seeds=self.init_seeds, data_seeds=self.data_seeds, lrs=self.lrs, sizes=self.sizes,
         )  # fmt: skip
 
+    def ladder_cells(self) -> list[Cell]:
+        """The baseline's token ladder (``token_fractions``; [] without): its runs at other token budgets."""
+        if not self.token_fractions:
+            return []
+        norm = ladder_norm(self.norm_types, self.baseline)
+        return ladder_cells(self.config, norm, self.seeds, self.runs_dir, self.overrides, self.token_fractions)
+
     def cells(self) -> list[Cell]:
-        """Every cell known now: the grid, then (two-stage, once the selection has chosen) the confirmation cells.
-        A SLURM task's index points into this list."""
-        return self.grid_cells() + self.confirmation_cells()
+        """Every cell known now: the grid, the token ladder, then (two-stage, once the selection has chosen) the
+        confirmation cells. A SLURM task's index points into this list."""
+        return self.grid_cells() + self.ladder_cells() + self.confirmation_cells()
 
     def chosen_rates(self, selection: dict | None = None) -> dict[str, float]:
         """Each norm type's rate chosen by the selection (its comparison's ``selection``; by default read from
@@ -113,11 +125,19 @@ class SweepSpec:
                    "allow_differ": list(self.allow_differ)}  # fmt: skip
         if self.sizes:
             options.update(across_sizes=True, predict_at=self.predict_at)
+        if self.token_fractions:
+            options["ladder"] = [c.run.path for c in self.ladder_cells()]
         if self.lrs:
             options.update(vary=[LR_KEY], select_on="val")
             if not min_lr_fixed(self.overrides) and MIN_LR_KEY not in self.allow_differ:
                 options["allow_differ"].append(MIN_LR_KEY)
         return options
+
+    def run_options(self) -> dict:
+        """``gpt.sweep.launch.run_sweep``'s arguments for this sweep, its comparison's options included."""
+        keys = ("config", "norm_types", "seeds", "runs_dir", "init_seeds", "data_seeds", "lrs", "confirm_seeds")
+        more = ("nproc", "overrides", "out", "sizes", "token_fractions")
+        return {**{k: getattr(self, k) for k in (*keys, *more)}, **self.compare_options()}
 
     def confirmation_options(self, selection: dict) -> dict:
         """How the confirmation cells are compared: by norm type, each at its own rate (optim.lr, and min_lr where
@@ -147,6 +167,7 @@ class SweepSpec:
         words += ["--confirm-seeds", *map(str, self.confirm_seeds)] if self.confirm_seeds else []
         words += ["--sizes", *self.sizes] if self.sizes else []
         words += ["--predict-at", repr(float(self.predict_at))] if self.predict_at is not None else []
+        words += ["--token-fractions", *map(repr, map(float, self.token_fractions))] if self.token_fractions else []
         words += ["--nproc", str(self.nproc), "--runs-dir", str(self.runs_dir)]
         words += [a for o in self.overrides for a in ("--set", o)]
         named = (("--out", self.out), ("--baseline", self.baseline), ("--push-to-hub", self.push_to_hub))

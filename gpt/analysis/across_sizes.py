@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt.analysis import scaling
-from gpt.analysis.charts import plot_scaling
+from gpt.analysis import scaling, speedup
+from gpt.analysis.charts import SPEEDUP_CHART, plot_scaling, plot_speedup
 from gpt.analysis.comparable import check_comparable, check_names, check_only_the_norm_differs
 from gpt.analysis.report import _loss, escaped
 from gpt.analysis.runs import AXIS, load_runs
@@ -102,7 +102,7 @@ def compare_sizes(
     check_only_the_norm_differs(runs, [*SIZE_KEYS, *vary], allow_differ, axes="the norm, the seeds and the size")
     check_comparable(runs, lengths=False)  # the same test tokens at every size; lengths are checked within one
     out = Path(out)
-    sizes = []
+    sizes, by_path = [], {str(r.path): r for r in runs}
     for name, size_runs in _by_size(runs).items():
         folder = out / SIZES_FOLDER / name
         try:
@@ -111,11 +111,15 @@ def compare_sizes(
             raise UserError(f"model.size {name}: {e}") from None
         sizes.append({"size": name, **_scale(size_runs), "comparison": result, "folder": str(folder)})
     result = _result(sizes, predict_at, form, irreducible)
+    ladder = [(s["size"], s["comparison"], by_path) for s in sizes]
+    result["effective_speedup"] = speedup.size_ladder(ladder, result["baseline"], form=form, irreducible=irreducible)
     result["failed"] = [{"run": name, "error": error} for name, error in (failed or {}).items()]
     out.mkdir(parents=True, exist_ok=True)
     write_atomically(out / "comparison.md", markdown(result))
     write_json(out / COMPARISON_FILE, json_safe(result), default=str, allow_nan=False)
     result["plots"] = [str(plot_scaling(result, out / SCALING_CHART))] if plots else []
+    if plots and not result["effective_speedup"].get("not_computed"):
+        result["plots"].append(str(plot_speedup(result["effective_speedup"], out / SPEEDUP_CHART)))
     return result
 
 
@@ -431,6 +435,7 @@ def markdown(result: dict) -> str:
         gaps = [f"{p['size']}: {_gap(p['gap'])}" for p in n["points"] if p["gap"] is not None]
         lines += [f"- **{norm}** - {result['baseline']}, paired by seed: {'; '.join(gaps)}"]
         lines += [f"  - {n['trend']['verdict']}"] + [f"  - {said}" for said in n.get("sizes_without", [])]
+    lines += speedup.lines(result.get("effective_speedup"))
     for f in result.get("failed") or []:
         lines += ["", f"**Failed, no result:** {f['run']}: {f['error']}"]
     return "\n".join(lines) + "\n"

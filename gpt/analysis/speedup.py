@@ -426,3 +426,24 @@ def add_arguments(parser, sweep: bool = False) -> None:
         "budgets (sweep.py --token-fractions): its curve, for each norm type's effective speedup")  # fmt: skip
     add("--throughput", type=Path, metavar="BENCH.jsonl", help="with --ladder: the tokens/s of bench.py --jsonl "
         "(steps timed side by side) for the time-matched figure, instead of the runs' own")  # fmt: skip
+
+
+def size_ladder(sizes: list[tuple[str, dict, dict]], baseline: str, *, form="auto", irreducible=0.0) -> dict:
+    """The section across sizes: the baseline's runs at each size (``sizes``: each size's name, its comparison and
+    its runs by path, smallest first) as its curve against training FLOPs, each other norm type at each size a
+    variant paired with the baseline's point of that size; timed at each size's own tokens/s."""
+    rungs, variants, runs = [], [], []
+    for name, comparison, by_path in sizes:
+        rows = {
+            row["values"]["model.norm_type"]: [by_path[r["path"]] for r in row["runs"]] for row in comparison["groups"]
+        }
+        if baseline not in rows:
+            continue
+        rungs.append(point(rows[baseline], f"{baseline} at {name}"))
+        runs += [r for rs in rows.values() for r in rs]
+        variants += [(point(rs, f"{norm} at {name}"), len(rungs) - 1) for norm, rs in rows.items() if norm != baseline]
+    kept = [i for i, r in enumerate(rungs) if r["losses"] and r["flops"]]
+    variants = [(v, kept.index(at)) for v, at in variants if at in kept and v["losses"] and v["flops"]]
+    rungs = [rungs[i] for i in kept]
+    throughput = throughput_check(runs, rungs, variants, None)
+    return section(rungs, variants, baseline, "size ladder", form=form, irreducible=irreducible, throughput=throughput)

@@ -404,9 +404,13 @@ def test_a_fit_with_fewer_sizes_than_it_needs_says_so_instead_of_a_number(study,
     )
     with pytest.raises(SystemExit) as e:
         compare_main([*paths, "--predict-at", "1M", "--out", str(tmp_path / "x")])
-    assert (
-        e.value.code == 2
-        and "--predict-at, --form and --irreducible fit across sizes: add --across-sizes" in capsys.readouterr().err
+    assert e.value.code == 2 and "--predict-at predicts from a fit across sizes: add --across-sizes" in (
+        capsys.readouterr().err
+    )
+    with pytest.raises(SystemExit) as e:
+        compare_main([*paths, "--form", "power", "--out", str(tmp_path / "x")])
+    assert e.value.code == 2 and "--form and --irreducible fit a curve: add --across-sizes, or --ladder" in (
+        capsys.readouterr().err
     )
 
 
@@ -460,3 +464,23 @@ def test_a_baseline_that_changes_with_size_is_refused(study, tmp_path):
     )
     with pytest.raises(UserError, match=r"^model.size 3x48: --baseline 'pytorch_layernorm' is not a group; groups: "):
         compare_sizes(missing, tmp_path / "out2", "pytorch_layernorm", plots=False)
+
+
+@pytest.mark.slow
+def test_the_size_ladder_s_effective_speedup_is_read_off_the_baseline_s_curve_against_flops(study):
+    """At each size, no_norm's ES over pytorch_layernorm from the log-log line of the baseline's mean losses
+    against its training FLOPs (numpy's polyfit on the runs' own losses and summaries, not the module's code)."""
+    s = study["result"]["effective_speedup"]
+    assert s["route"] == "size ladder" and s["form"] == "power" and s["baseline"] == "pytorch_layernorm"
+    flops = np.array([own_scale(study, size)["flops_per_token"] for size in SIZE_NAMES], float)
+    flops *= np.array([own_scale(study, size)["total_steps"] * TOKENS_PER_STEP for size in SIZE_NAMES])
+    base, variant = own_losses(study, "pytorch_layernorm").mean(0), own_losses(study, "no_norm").mean(0)
+    slope, intercept = np.polyfit(np.log(flops), np.log(base), 1)
+    for i, size in enumerate(SIZE_NAMES):
+        got = s["norms"][f"no_norm at {size}"]
+        log_es = (math.log(variant[i]) - intercept) / slope - math.log(flops[i])
+        assert math.log(got["compute"]["es"]) == pytest.approx(log_es, abs=1e-9)
+        assert got["pair"] == f"pytorch_layernorm at {size}"
+    md = (study["out"] / "comparison.md").read_text()
+    assert "## Effective speedup" in md and "(size ladder: its sizes;" in md
+    assert "- no_norm at 1x16 reaches its test loss with" in md

@@ -265,7 +265,7 @@ def plot_speedup(section: dict, path: Path) -> Path:
     seconds (right, where time-matched is computed), log x. The baseline's runs (each seed, and the mean) with its
     fitted curve (dashed beyond its runs); each norm type's mean at its own cost, and the horizontal gap to the cost
     the baseline needs for that loss (the arrow: ES = where it points / where it starts)."""
-    panels = [("compute", "training FLOPs")] + ([("time", "GPU seconds (steady-state tokens/s)")] if
+    panels = [("compute", "training FLOPs")] + ([("time", "training seconds (at steady-state tokens/s)")] if
                                                  section["curve"]["time"] else [])  # fmt: skip
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.8), dpi=100, squeeze=False)
     for ax, (name, label) in zip(axes[0], panels):

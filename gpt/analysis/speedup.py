@@ -108,6 +108,11 @@ def point(runs: list, label: str) -> dict:
         "losses": {r.seed: r.evaluation["loss"] for r in used},
         "tokens_per_s": {r.seed: r.summary["tokens_per_s"] for r in used if r.summary.get("tokens_per_s")},
         "runs": [r.path.name for r in used],
+        "left_out": [
+            f"{r.path.name} ({r.left_out_because() if not r.usable else 'a test loss that is not finite'})"
+            for r in runs
+            if r not in used
+        ],  # fmt: skip
     }
 
 
@@ -271,7 +276,7 @@ def _share(es: dict) -> str:
 
 
 def verdict(label: str, v: dict, rungs: list[dict], base: str) -> str:
-    """One line: what share of the baseline's GPU time (and compute) the variant needs for its own test loss."""
+    """One line: what share of the baseline's training time (and compute) the variant needs for its own test loss."""
     c, t = v["compute"], v["time"]
     means = [float(np.mean(list(r["losses"].values()))) for r in rungs]
     if not c["crosses"]:
@@ -283,7 +288,7 @@ def verdict(label: str, v: dict, rungs: list[dict], base: str) -> str:
     if t is None:
         return (f"{label} reaches its test loss with {_share(c)} of the compute {base} needs for it (compute-matched "
                 f"effective speedup {_x(c)}); time-matched: not computed (below){where}")  # fmt: skip
-    return (f"{label} reaches its test loss with {_share(t)} of the GPU time {base} needs for it (time-matched "
+    return (f"{label} reaches its test loss with {_share(t)} of the training time {base} needs for it (time-matched "
             f"effective speedup {_x(t)}); compute-matched {_x(c)}{where}")  # fmt: skip
 
 
@@ -320,7 +325,12 @@ def throughput_check(runs: list, rungs: list[dict], variants: list, bench: dict 
         missing += [] if rungs and rungs[0]["label"].partition(" ")[0] in bench["rates"] else ["the baseline"]
         problem = (f"time-matched effective speedup not computed: {bench['file']} has no step row of "
                    f"{', '.join(missing)}; bench.py --norm-types names them") if missing else None  # fmt: skip
-        return {"problem": problem, "bench": bench["rates"], "source": bench["file"]}
+        rates = ", ".join(f"{k} {v:,.0f}" for k, v in bench["rates"].items())
+        source = (
+            f"bench.py's steps, timed one norm type after another in one process on {bench['device']} ({rates} "
+            f"tokens/s), from {bench['file']}"
+        )
+        return {"problem": problem, "bench": bench["rates"], "source": source}
     used = [r for r in runs if r.usable]
     problem = hardware_problem(used) or spread_problem([*rungs, *(v for v, _ in variants)])
     return {"problem": problem, "bench": None, "source": "the runs' own steady-state tokens/s"}
@@ -406,6 +416,8 @@ def lines(s: dict | None) -> list[str]:
             f"| {r['label']} | {_count(r['tokens'])} | {_count(r['flops'])} | {len(r['losses'])} | {mean:.4f} | "
             f"{shown} |"
         )
+    left = [x for r in s["rungs"] for x in r.get("left_out", [])] + list(s.get("missing") or [])
+    out += ["", f"Left out of the baseline's curve: {'; '.join(left)}."] if left else []
     out += [""] + [f"- {v['verdict']}" for v in s["norms"].values()]
     t = s["throughput"]
     out += ["", f"Throughput: {t['source']}" + (f". {t['problem']}." if t["problem"] else ".")]

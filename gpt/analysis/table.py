@@ -120,10 +120,16 @@ def effective_speedup(groups, baseline, ladder, load, throughput, form, irreduci
         raise UserError(
             "--ladder with --select-on or --vary: the token ladder is one group's curve; compare those apart"
         )
-    runs = [load_run(p, **load) for p in ladder]
+    runs, missing = [], []
+    for path in ladder:  # a ladder cell whose job never left a run (SLURM) is named, not fatal
+        try:
+            runs.append(load_run(path, **load))
+        except UserError as e:
+            missing.append(str(e))
     compile_ = next((r.summary.get("compile") for g in groups for r in g.runs if r.summary), None)
     bench = speedup.bench_rates(throughput, compile_) if throughput is not None else None
-    return speedup.token_ladder(groups, baseline, runs, form=form, irreducible=irreducible or 0.0, bench=bench)
+    section = speedup.token_ladder(groups, baseline, runs, form=form, irreducible=irreducible or 0.0, bench=bench)
+    return {**section, "missing": missing}
 
 
 def compare(

@@ -15,16 +15,23 @@ small: what it shows and what it cannot is in docs/. Rerunning it skips what is 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from pathlib import Path
 
 from gpt.commands.cli import add_grid, command, parser_for, standard_hooks
+from gpt.common.errors import UserError
 
 # The demo's design (docs/: "The demo"): the write-up's pair, whose equivalence the demo tests, and no_norm,
 # which at this learning rate trains measurably worse; three seeds each, so every group has an interval.
 NORM_TYPES = ("handrolled_layernorm", "pytorch_layernorm", "no_norm")
 SEEDS = (0, 1, 2)
+# The baseline also trained to half and twice its 600 steps: its curve, off which each norm type's effective speedup
+# is read; its time-matched figure from bench.py's steps timed one norm type after another in one process (a CPU's
+# runs, trained one after another beside whatever else the machine does, are no measurement of a norm's speed).
+TOKEN_FRACTIONS = (0.5, 2.0)
+BENCH_STEPS = 30
 TOKENIZER = "bytes"  # 257 ids: the embedding and head cost nothing, so a CPU trains past the unigram stage
 MARGIN = 0.01
 
@@ -42,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"test equivalence to the baseline within +-DELTA nats (default {MARGIN})",
     )
     parser.add_argument("--runs-dir", type=Path, default=Path("runs"))
+    parser.add_argument("--token-fractions", nargs="+", type=float, default=list(TOKEN_FRACTIONS), metavar="F",
+                        help="the baseline's token ladder, in fractions of its budget (default 0.5 2)")  # fmt: skip
     return parser
 
 
@@ -64,6 +73,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"preparing {data} from the embedded Shakespeare corpus ({TOKENIZER} tokenizer)")
         val, test = default_held_out("shakespeare")
         prepare(open_source("shakespeare"), data, get_tokenizer(TOKENIZER), val_tokens=val, test_tokens=test)
+    bench = args.runs_dir / f"{args.config.stem}-bench.jsonl"
+    if not bench.is_file():
+        from gpt.commands.bench import main as bench_main
+
+        print(f"timing {BENCH_STEPS} training steps of each norm type side by side (scripts/bench.py) into {bench}")
+        args.runs_dir.mkdir(parents=True, exist_ok=True)
+        timed = ["--norm-types", *args.norm_types, "--steps", str(BENCH_STEPS), "--jsonl", str(bench)]
+        if bench_main([str(args.config), *timed, "--set", "run.name=demo"]) != 0:
+            raise UserError(f"timing the demo's steps failed (above); rerun it, or run bench.py {shlex.join(timed)}")
     result = run_sweep(
         args.config,
         args.norm_types,
@@ -72,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         out=args.runs_dir / f"{args.config.stem}-comparison",
         equivalence_margin=args.equivalence_margin,
         hooks_for=standard_hooks,
+        token_fractions=list(args.token_fractions),
+        throughput=bench,
     )
     print()
     print(markdown(result), end="")

@@ -109,6 +109,7 @@ def compare_command(cells: list[Cell], out: Path, options: dict) -> list[str]:
     words += ["--across-sizes"] if options.get("across_sizes") else []
     words += ["--predict-at", repr(options["predict_at"])] if options.get("predict_at") is not None else []
     words += ["--ladder", *map(str, options["ladder"])] if options.get("ladder") else []
+    words += ["--throughput", str(options["throughput"])] if options.get("throughput") else []
     return words + (["--select-on", options["select_on"]] if options.get("select_on") else [])
 
 

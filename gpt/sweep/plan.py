@@ -50,6 +50,10 @@ def plan_lines(spec: SweepSpec, args) -> str:
     counts = size_counts(cells) if spec.sizes else None
     confirm = len(spec.norm_types) * seeds if spec.confirm_seeds else 0
     then = f", then {confirm} confirmation cell(s)" if confirm else ""
+    ladder = spec.ladder_cells()
+    if ladder:
+        work = sum(f for f in spec.token_fractions if f"{f:g}" != "1") * len(spec.seeds)
+        then += f", and the baseline's token ladder: {len(ladder)} cell(s), {work:.3g} budget runs of compute"
     out = [f"# plan: {len(cells)} cell(s){then}; nothing run"]
     if counts:
         out.append("# sizes (parameters outside the norms): " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))

@@ -150,8 +150,10 @@ def test_demo_runs_the_whole_path(train_yaml, tmp_path, cli):
     table = [line for line in out.stdout.splitlines() if line.startswith("| ")]
     assert table[1].startswith("| handrolled_layernorm | 1 (0) | ") and "| baseline |" in table[1]
     assert table[2].startswith("| pytorch_rmsnorm | 1 (0) | ") and "1 completed" in table[2]
-    for name in ("comparison.md", "test_loss.png", "loss.png"):
+    for name in ("comparison.md", "test_loss.png", "loss.png", "speedup.png"):
         assert (tmp_path / "runs" / "demo-comparison" / name).is_file()
+    assert (tmp_path / "runs" / "demo-handrolled-layernorm-t0.5-s0" / "summary.json").is_file()
+    assert "- pytorch_rmsnorm reaches its test loss with" in out.stdout
     assert "demo wall time:" in out.stdout
 
 
@@ -207,3 +209,12 @@ def test_the_demo_resolves_a_difference_and_the_pairs_equivalence(tmp_path):
     pair = rows["pytorch_layernorm"]["vs_baseline"]
     assert pair["equivalence"]["margin"] == 0.01 and pair["equivalence"]["equivalent"] is True
     assert "| no_norm | 3 (0, 1, 2) | " in out.stdout and "| yes (p = " in out.stdout
+    # the effective speedup: the baseline's token ladder (0.5x, 1x, 2x), timed side by side by bench.py
+    s = result["effective_speedup"]
+    assert s["route"] == "token ladder" and [len(r["losses"]) for r in s["rungs"]] == [3, 3, 3]
+    assert s["throughput"]["problem"] is None and s["throughput"]["source"].endswith("demo-bench.jsonl")
+    for norm in ("pytorch_layernorm", "no_norm"):
+        v = s["norms"][norm]
+        assert v["time"]["es"] > 0 and v["compute"]["es"] > 0 and "(time-matched effective speedup" in v["verdict"]
+    assert s["norms"]["no_norm"]["compute"]["es"] > 1  # lower loss at the same compute: cheaper
+    assert "## Effective speedup" in out.stdout and "Bits per byte = nats per token x" in out.stdout

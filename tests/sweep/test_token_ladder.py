@@ -171,7 +171,7 @@ def test_time_matched_is_the_compute_matched_times_each_seed_s_throughput_ratio(
     for norm in NORMS[1:]:
         c, t = s["norms"][norm]["compute"], s["norms"][norm]["time"]
         assert t["es"] == pytest.approx(c["es"] * rates[norm] / rates[NORMS[0]], rel=1e-9)
-        assert "of the GPU time handrolled_layernorm needs for it (time-matched" in s["norms"][norm]["verdict"]
+        assert "of the training time handrolled_layernorm needs for it (time-matched" in s["norms"][norm]["verdict"]
     # bench.py's rows instead of the runs' own: the ratio of its tokens/s
     bench = tmp_path / "bench.jsonl"
     bench.write_text("".join(json.dumps({"mode": "step", "norm_type": n, "tokens_per_s": 2000.0 + 100 * i,
@@ -183,7 +183,10 @@ def test_time_matched_is_the_compute_matched_times_each_seed_s_throughput_ratio(
     for i, norm in enumerate(NORMS[1:], 1):
         c, t = s["norms"][norm]["compute"], s["norms"][norm]["time"]
         assert t["es"] == pytest.approx(c["es"] * (2000 + 100 * i) / 2000, rel=1e-9)
-    assert str(bench) in s["throughput"]["source"]
+    assert (
+        s["throughput"]["source"].endswith(f"from {bench}")
+        and "cpu x 1 (handrolled_layernorm 2,000, " in s["throughput"]["source"]
+    )
 
 
 def test_runs_on_mixed_devices_or_a_shared_machine_get_no_time_matched_figure(ladder, tmp_path):
@@ -237,3 +240,44 @@ def test_fractions_that_cannot_make_a_ladder_are_refused_before_anything_runs(tm
         assert sweep_main(base + extra) == 2, extra
         assert message in capsys.readouterr().err, extra
     assert not any(tmp_path.iterdir())
+
+
+def test_the_plan_counts_the_ladder_and_its_compute(tmp_path, capsys):
+    argv = [str(CONFIGS / "ladder.yaml"), "--runs-dir", str(tmp_path), "--norm-types", *NORMS, "--seeds", "0", "1", "2"]
+    assert sweep_main([*argv, "--token-fractions", "0.5", "1", "2", "--plan"]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert (
+        head == "# plan: 9 cell(s), and the baseline's token ladder: 6 cell(s), 7.5 budget runs of compute; nothing run"
+    )
+
+
+def test_a_throughput_file_that_is_not_bench_s_is_refused_in_one_line(ladder, tmp_path):
+    grid = [run_dir(ladder, n, k) for n in NORMS for k in SEEDS]
+    rungs = [run_dir(ladder, NORMS[0], k, f) for f in FRACTIONS for k in SEEDS]
+    bad = tmp_path / "bench.jsonl"
+    for text, message in (
+        (None, r"--throughput .*bench.jsonl: not a bench.py JSON-lines file \(FileNotFoundError\)"),
+        ("{not json\n", r"not a bench.py JSON-lines file \(JSONDecodeError\)"),
+        ('{"mode": "norm", "tokens_per_s": 1}\n', "no training-step row with tokens/s in it"),
+    ):
+        if text is not None:
+            bad.write_text(text)
+        with pytest.raises(UserError, match=message):
+            compare(grid, tmp_path / "c", ladder=rungs, throughput=bad, plots=False)
+    assert not (tmp_path / "c").exists()  # refused before anything is written
+
+
+def test_a_ladder_run_that_never_ran_or_diverged_is_named_and_left_out(ladder, tmp_path):
+    grid = [run_dir(ladder, n, k) for n in NORMS for k in SEEDS]
+    rungs = [run_dir(ladder, NORMS[0], k, f) for f in FRACTIONS for k in SEEDS]
+    diverged = shutil.copytree(rungs[0], tmp_path / rungs[0].name)
+    rewrite_summary(diverged, status="diverged", diverged_at_step=3)
+    result = compare(grid, tmp_path / "c", ladder=[diverged, *rungs[1:], tmp_path / "never-ran"], plots=False)
+    s = result["effective_speedup"]
+    assert len(s["missing"]) == 1 and "never-ran: not a run directory" in s["missing"][0]
+    assert s["rungs"][0]["left_out"] == [f"{diverged.name} (diverged at step 3)"]
+    assert (
+        len(s["rungs"][0]["losses"]) == 1 and s["norms"]["no_norm"]["compute"]["log_method"] == "by size, Satterthwaite"
+    )
+    md = (tmp_path / "c" / "comparison.md").read_text()
+    assert f"Left out of the baseline's curve: {diverged.name} (diverged at step 3); " in md and "never-ran" in md

@@ -435,7 +435,5 @@ def markdown(result: dict) -> str:
         gaps = [f"{p['size']}: {_gap(p['gap'])}" for p in n["points"] if p["gap"] is not None]
         lines += [f"- **{norm}** - {result['baseline']}, paired by seed: {'; '.join(gaps)}"]
         lines += [f"  - {n['trend']['verdict']}"] + [f"  - {said}" for said in n.get("sizes_without", [])]
-    lines += speedup.lines(result.get("effective_speedup"))
-    for f in result.get("failed") or []:
-        lines += ["", f"**Failed, no result:** {f['run']}: {f['error']}"]
-    return "\n".join(lines) + "\n"
+    failed = [x for f in result.get("failed") or [] for x in ("", f"**Failed, no result:** {f['run']}: {f['error']}")]
+    return "\n".join([*lines, *speedup.lines(result.get("effective_speedup")), *failed]) + "\n"

@@ -1,4 +1,4 @@
-"""The embedded demo: no GPU, no network, about 10 minutes on 2 CPU cores.
+"""The embedded demo: no GPU, no network, about 5 minutes on 2 CPU cores.
 
     python scripts/demo.py [--norm-types ...] [--seeds 0 1 2] [--equivalence-margin DELTA]
     python -m gpt.commands.demo [--config configs/demo.yaml] ...   (from a checkout: the config is a file there)
@@ -6,8 +6,10 @@
 Prepares the Shakespeare token set at byte level (data/shakespeare-bytes, 256 byte ids and
 <|endoftext|>) if it is missing, trains the small model of configs/demo.yaml for every norm
 type of --norm-types with every seed of --seeds, evaluates each on the held-out test split,
-and prints the comparison: intervals, whether a difference is resolved, and whether the
-hand-rolled and PyTorch LayerNorms are equivalent within --equivalence-margin. It is the same
+and prints the comparison: intervals, whether a difference is resolved, whether the
+hand-rolled and PyTorch LayerNorms are equivalent within --equivalence-margin, and what each
+norm type is worth against the baseline's token ladder (--token-fractions, timed by bench.py
+first: the effective speedup, compute- and time-matched). It is the same
 path as a real experiment (prepare_data, train, evaluate, compare through the sweep), only
 small: what it shows and what it cannot is in docs/. Rerunning it skips what is done.
 """
@@ -15,13 +17,11 @@ small: what it shows and what it cannot is in docs/. Rerunning it skips what is 
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 import time
 from pathlib import Path
 
 from gpt.commands.cli import add_grid, command, parser_for, standard_hooks
-from gpt.common.errors import UserError
 
 # The demo's design (docs/: "The demo"): the write-up's pair, whose equivalence the demo tests, and no_norm,
 # which at this learning rate trains measurably worse; three seeds each, so every group has an interval.
@@ -54,6 +54,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def time_steps(config: Path, norm_types: list[str], path: Path) -> None:
+    """Time BENCH_STEPS training steps of each norm type, one after another in this process, into ``path`` (the
+    rows scripts/bench.py writes with --jsonl), and print bench.py's table of them."""
+    from gpt.config import load_config
+    from gpt.run.distributed import setup
+    from gpt.speed.rows import append_to, table
+    from gpt.speed.timing import step_rows
+
+    print(f"timing {BENCH_STEPS} training steps of each norm type side by side (as scripts/bench.py) into {path}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cfg = load_config(config, ["run.name=demo"])
+    dist = setup(cfg.run.device)
+    try:
+        rows = step_rows(
+            cfg, dist, norm_types, [False], steps=BENCH_STEPS, warmup=3, data="config", emit=append_to(path)
+        )
+    finally:
+        dist.close()
+    print(table(rows))
+
+
 @command
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
@@ -75,13 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         prepare(open_source("shakespeare"), data, get_tokenizer(TOKENIZER), val_tokens=val, test_tokens=test)
     bench = args.runs_dir / f"{args.config.stem}-bench.jsonl"
     if not bench.is_file():
-        from gpt.commands.bench import main as bench_main
-
-        print(f"timing {BENCH_STEPS} training steps of each norm type side by side (scripts/bench.py) into {bench}")
-        args.runs_dir.mkdir(parents=True, exist_ok=True)
-        timed = ["--norm-types", *args.norm_types, "--steps", str(BENCH_STEPS), "--jsonl", str(bench)]
-        if bench_main([str(args.config), *timed, "--set", "run.name=demo"]) != 0:
-            raise UserError(f"timing the demo's steps failed (above); rerun it, or run bench.py {shlex.join(timed)}")
+        time_steps(args.config, list(args.norm_types), bench)
     result = run_sweep(
         args.config,
         args.norm_types,

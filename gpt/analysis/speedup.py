@@ -161,10 +161,17 @@ def chosen_form(x: np.ndarray, base: np.ndarray, form: str, irreducible: float) 
         return form, None
     if len(x) < NEEDS["saturating"]:
         return "power", f"{len(x)} costs: E + A*x^-alpha needs {NEEDS['saturating']} or more"
-    raw, _, means = fitted_scaled(x, base, "saturating", irreducible)
-    if raw["at_edge"][0] or not 0 <= raw["E"][0] < np.nanmin(means):
+    if not identified_many(x, base)[0]:
         return "power", "E + A*x^-alpha does not identify E at these costs (the losses do not level off)"
     return "saturating", None
+
+
+def identified_many(x: np.ndarray, base: np.ndarray) -> np.ndarray:
+    """Per data set (``base``: D, K, S), whether ``E + A*x^-alpha`` identifies E: alpha's best value inside its range
+    and E in [0, the lowest mean loss). Where it does not, ``auto`` fits the log-log line."""
+    raw, _, means = fitted_scaled(np.asarray(x, float), np.asarray(base, float), "saturating", 0.0)
+    with np.errstate(invalid="ignore"):
+        return ~raw["at_edge"] & (raw["E"] >= 0) & (raw["E"] < np.nanmin(means, 1))
 
 
 def _matrix(points: list[dict], seeds: list[str], key: str = "losses") -> np.ndarray:

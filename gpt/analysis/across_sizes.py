@@ -163,10 +163,17 @@ def _norm_points(sizes: list[dict]) -> tuple[str, dict[str, list[dict]], dict[st
             points.setdefault(norm, []).append({
                 "size": s["size"], "n_params": s["n_params"], "flops": s["flops"], "group": row["group"],
                 "losses": mine, "absent": absent[row["group"]], "mean": float(np.mean(list(mine.values()))),
+                "mean_bits_per_byte": _per_byte(comparison, float(np.mean(list(mine.values())))),
                 "gaps": {k: mine[k] - base_losses[k] for k in mine if k in base_losses},
                 "gap": None if v is None else {k: v.get(k) for k in ("diff", "se", "df", "low", "high", "method")},
             })  # fmt: skip
     return base, points, without
+
+
+def _per_byte(comparison: dict, loss: float) -> float | None:
+    """``loss`` (nats per token) in bits per byte of the size's scored test text (None: its bytes not counted)."""
+    factor = (comparison.get("test_range") or {}).get("bits_per_byte_per_nat")
+    return None if factor is None else loss * factor
 
 
 def _norm_of(comparison: dict, group: str) -> str:
@@ -378,6 +385,23 @@ def _prediction_lines(fit: dict) -> list[str]:
     return lines
 
 
+def _loss_table(result: dict) -> list[str]:
+    """Each norm type's mean test loss at each size (in bits per byte too), its fitted value against N and residual."""
+    lines = ["", "## Test loss by size", "", "| norm type | size | group | seeds | mean | bits/byte | fitted (N) | "
+              "residual |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for norm, n in result["norms"].items():
+        fit = n["fit_n_params"]
+        fitted = dict(zip(fit["sizes"], zip(fit["fitted"], fit["residuals"]))) if "fitted" in fit else {}
+        for p in n["points"]:
+            f = fitted.get(p["size"])
+            cells = f"{_loss(f[0])} | {_loss(f[1], '+')}" if f is not None else "- | -"
+            bpb = "-" if p.get("mean_bits_per_byte") is None else f"{p['mean_bits_per_byte']:.4f}"
+            lines.append(
+                f"| {norm} | {p['size']} | {p['group']} | {len(p['losses'])} | {_loss(p['mean'])} | {bpb} | {cells} |"
+            )
+    return lines
+
+
 def markdown(result: dict) -> str:
     """The comparison across sizes as Markdown (from the result alone, as comparison.json holds it)."""
     result = escaped(result)
@@ -404,15 +428,7 @@ def markdown(result: dict) -> str:
             f"| {s['size']} | {_count(s['n_params'])} | {_count(s['tokens'])} | {_count(s['flops'])} | "
             f"{s['baseline_group']} |"
         )
-    lines += ["", "## Test loss by size", "", "| norm type | size | group | seeds | mean | fitted (N) | residual |",
-              "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for norm, n in result["norms"].items():
-        fit = n["fit_n_params"]
-        fitted = dict(zip(fit["sizes"], zip(fit["fitted"], fit["residuals"]))) if "fitted" in fit else {}
-        for p in n["points"]:
-            f = fitted.get(p["size"])
-            cells = f"{_loss(f[0])} | {_loss(f[1], '+')}" if f is not None else "- | -"
-            lines.append(f"| {norm} | {p['size']} | {p['group']} | {len(p['losses'])} | {_loss(p['mean'])} | {cells} |")
+    lines += _loss_table(result)
     lines += [
         "",
         "## Fits per norm type",

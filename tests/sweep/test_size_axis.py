@@ -483,4 +483,10 @@ def test_the_size_ladder_s_effective_speedup_is_read_off_the_baseline_s_curve_ag
         assert got["pair"] == f"pytorch_layernorm at {size}"
     md = (study["out"] / "comparison.md").read_text()
     assert "## Effective speedup" in md and "(size ladder: its sizes;" in md
+    for i, size in enumerate(SIZE_NAMES):  # every mean in bits per byte too: byte-level tokens, one byte each or none
+        test = json.loads((study["out"] / "sizes" / size / "comparison.json").read_text())["test_range"]
+        point = study["result"]["norms"]["no_norm"]["points"][i]
+        expected = variant[i] * test["targets_scored"] / (test["bytes_scored"] * math.log(2))
+        assert point["mean_bits_per_byte"] == pytest.approx(expected, rel=1e-9)
+        assert f"| no_norm | {size} | no_norm | 2 | {variant[i]:.6f} | {expected:.4f} |" in md
     assert "- no_norm at 1x16 reaches its test loss with" in md

@@ -24,7 +24,7 @@ from gpt.data.folders import open_split
 from gpt.data.tokenizer import BYTES_EOT_TOKEN, bytes_encoding
 from gpt.run.directory import RunDir, read_eval_result
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("token_ladder")]
+pytestmark = pytest.mark.xdist_group("token_ladder")  # the ladder is trained once: on one pytest-xdist worker
 
 NORMS, SEEDS, FRACTIONS = ["handrolled_layernorm", "pytorch_layernorm", "no_norm"], [0, 1], [0.5, 2.0]
 TOKENS_PER_PARAM = 2
@@ -75,6 +75,7 @@ def direct_log_es(x: np.ndarray, means: np.ndarray, target: float, x_variant: fl
     return (math.log(target) - intercept) / slope - math.log(x_variant)
 
 
+@pytest.mark.slow
 def test_the_ladder_trains_the_baseline_at_each_fraction_of_its_budget(ladder):
     budget = own(run_dir(ladder, NORMS[0], 0))["tokens"]
     for fraction in FRACTIONS:
@@ -90,6 +91,7 @@ def test_the_ladder_trains_the_baseline_at_each_fraction_of_its_budget(ladder):
     assert groups == NORMS and all(g["n_evaluated"] == 2 for g in ladder["result"]["groups"])
 
 
+@pytest.mark.slow
 def test_the_effective_speedup_equals_a_direct_computation_from_the_runs(ladder):
     s = ladder["result"]["effective_speedup"]
     assert s["route"] == "token ladder" and s["form"] == "power" and s["baseline"] == NORMS[0]
@@ -117,6 +119,7 @@ def test_the_effective_speedup_equals_a_direct_computation_from_the_runs(ladder)
         assert norm in s["norms"][norm]["verdict"] and "compute" in s["norms"][norm]["verdict"]
 
 
+@pytest.mark.slow
 def test_the_section_and_the_chart_are_written(ladder):
     md = (ladder["out"] / "comparison.md").read_text()
     ratio = own(run_dir(ladder, NORMS[0], 0, 0.5))["tokens"] / own(run_dir(ladder, NORMS[0], 0))["tokens"]
@@ -126,6 +129,7 @@ def test_the_section_and_the_chart_are_written(ladder):
     assert (ladder["out"] / "speedup.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_bits_per_byte_equals_the_loss_over_the_decoded_test_bytes(ladder):
     t = ladder["result"]["test_range"]
     tokens = open_split(ladder["data"], "test").read(t["offset"] + 1, t["targets_scored"]).astype(np.int64)
@@ -158,6 +162,7 @@ def rewrite_summary(path, **changes) -> None:
     (path / "summary.json").write_text(json.dumps(summary))
 
 
+@pytest.mark.slow
 def test_time_matched_is_the_compute_matched_times_each_seed_s_throughput_ratio(ladder, tmp_path, capsys):
     grid, rungs = copies(ladder, tmp_path)
     rates = {"handrolled_layernorm": 1000.0, "pytorch_layernorm": 1100.0, "no_norm": 1250.0}
@@ -189,6 +194,7 @@ def test_time_matched_is_the_compute_matched_times_each_seed_s_throughput_ratio(
     )
 
 
+@pytest.mark.slow
 def test_runs_on_mixed_devices_or_a_shared_machine_get_no_time_matched_figure(ladder, tmp_path):
     grid, rungs = copies(ladder, tmp_path)
     for path in grid + rungs:
@@ -211,6 +217,7 @@ def test_runs_on_mixed_devices_or_a_shared_machine_get_no_time_matched_figure(la
     assert "1.56-fold apart" in problem and "shared with other work" in problem and "bench.py" in problem
 
 
+@pytest.mark.slow
 def test_a_ladder_that_is_not_the_baseline_s_is_refused_in_one_line(ladder, tmp_path):
     grid = [run_dir(ladder, n, k) for n in NORMS for k in SEEDS]
     with pytest.raises(UserError, match=r"a token ladder is the baseline's \(handrolled_layernorm\) runs"):
@@ -251,6 +258,7 @@ def test_the_plan_counts_the_ladder_and_its_compute(tmp_path, capsys):
     )
 
 
+@pytest.mark.slow
 def test_a_throughput_file_that_is_not_bench_s_is_refused_in_one_line(ladder, tmp_path):
     grid = [run_dir(ladder, n, k) for n in NORMS for k in SEEDS]
     rungs = [run_dir(ladder, NORMS[0], k, f) for f in FRACTIONS for k in SEEDS]
@@ -267,6 +275,7 @@ def test_a_throughput_file_that_is_not_bench_s_is_refused_in_one_line(ladder, tm
     assert not (tmp_path / "c").exists()  # refused before anything is written
 
 
+@pytest.mark.slow
 def test_a_ladder_run_that_never_ran_or_diverged_is_named_and_left_out(ladder, tmp_path):
     grid = [run_dir(ladder, n, k) for n in NORMS for k in SEEDS]
     rungs = [run_dir(ladder, NORMS[0], k, f) for f in FRACTIONS for k in SEEDS]
@@ -281,3 +290,23 @@ def test_a_ladder_run_that_never_ran_or_diverged_is_named_and_left_out(ladder, t
     )
     md = (tmp_path / "c" / "comparison.md").read_text()
     assert f"Left out of the baseline's curve: {diverged.name} (diverged at step 3); " in md and "never-ran" in md
+
+
+def test_the_sweeps_command_line_round_trips_its_ladder_and_slurm_compares_it(tmp_path):
+    from sweep.test_lr_axis import spec_of
+
+    from gpt.sweep.launch import compare_command
+
+    argv = [str(CONFIGS / "ladder.yaml"), "--norm-types", *NORMS, "--seeds", "0", "1", "--token-fractions", "0.5",
+            "2", "--runs-dir", str(tmp_path)]  # fmt: skip
+    spec = spec_of(argv)
+    words = spec.argv()
+    assert words[words.index("--token-fractions") :][:3] == ["--token-fractions", "0.5", "2.0"]
+    again = spec_of(words[3:])  # past "python -m gpt.commands.sweep"
+    assert again == spec
+    names = [c.name for c in spec.cells()]  # what a SLURM job array's task indexes
+    assert names[6:] == [f"ladder-handrolled-layernorm-t{f}-s{k}" for f in ("0.5", "2") for k in (0, 1)]
+    options = spec.compare_options()
+    assert options["ladder"] == [tmp_path / n for n in names[6:]]
+    words = compare_command(spec.grid_cells(), tmp_path / "out", options)
+    assert words[words.index("--ladder") + 1 :][:4] == [str(tmp_path / n) for n in names[6:]]

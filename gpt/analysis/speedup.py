@@ -440,6 +440,8 @@ def add_arguments(parser, sweep: bool = False) -> None:
     if sweep:
         add("--token-fractions", nargs="+", type=float, metavar="F", help="the baseline also trained to F x the "
             "token budget (complete runs): its curve, for each norm's effective speedup (0.5 0.71 1.41 2)")  # fmt: skip
+        add("--throughput", type=Path, metavar="BENCH.jsonl", help="with --token-fractions: bench.py's tokens/s for "
+            "the time-matched figure, instead of the runs' own")  # fmt: skip
         return
     add("--ladder", nargs="+", type=Path, default=[], metavar="RUN", help="the baseline's runs at other token "
         "budgets (sweep.py --token-fractions): its curve, for each norm type's effective speedup")  # fmt: skip

@@ -50,11 +50,14 @@ class SweepSpec:
     sizes: list[str] | None = None  # model sizes (gpt.config.sizes) crossed with the grid; compared across sizes
     predict_at: float | None = None  # with sizes: the parameter count the comparison predicts each norm's loss at
     token_fractions: list[float] | None = None  # the baseline's token ladder: fractions of the token budget
+    throughput: Path | None = None  # bench.py's rows (JSON lines): the time-matched figure's tokens/s
 
     def __post_init__(self) -> None:
         check_rates(self.confirm_seeds, self.lrs, self.seeds, self.init_seeds)
         check_size_axis(self.sizes, self.confirm_seeds, self.predict_at)
         check_fractions(self.token_fractions, self.sizes, self.lrs, self.init_seeds, self.confirm_seeds)
+        if self.throughput is not None and not self.token_fractions:
+            raise UserError("--throughput times the norm types for the effective speedup: add --token-fractions")
         if self.sizes and self.push_to_hub:
             raise UserError(
                 "--push-to-hub with --sizes: publish each size's comparison when the sweep has run: scripts/"
@@ -127,6 +130,7 @@ class SweepSpec:
             options.update(across_sizes=True, predict_at=self.predict_at)
         if self.token_fractions:
             options["ladder"] = [c.run.path for c in self.ladder_cells()]
+            options["throughput"] = self.throughput
         if self.lrs:
             options.update(vary=[LR_KEY], select_on="val")
             if not min_lr_fixed(self.overrides) and MIN_LR_KEY not in self.allow_differ:
@@ -168,6 +172,7 @@ class SweepSpec:
         words += ["--sizes", *self.sizes] if self.sizes else []
         words += ["--predict-at", repr(float(self.predict_at))] if self.predict_at is not None else []
         words += ["--token-fractions", *map(repr, map(float, self.token_fractions))] if self.token_fractions else []
+        words += ["--throughput", str(self.throughput)] if self.throughput is not None else []
         words += ["--nproc", str(self.nproc), "--runs-dir", str(self.runs_dir)]
         words += [a for o in self.overrides for a in ("--set", o)]
         named = (("--out", self.out), ("--baseline", self.baseline), ("--push-to-hub", self.push_to_hub))

@@ -239,6 +239,7 @@ def test_fractions_that_cannot_make_a_ladder_are_refused_before_anything_runs(tm
         (["--token-fractions", "nan"], "a fraction of the token budget, > 0"),
         (["--token-fractions", "0.5", "--sizes", "1x16", "2x32"], "the size ladder is the curve already"),
         (["--token-fractions", "0.5", "--lrs", "1e-3", "2e-3"], "--token-fractions with --lrs"),
+        (["--throughput", "bench.jsonl"], "--throughput times the norm types for the effective speedup: add --token"),
         (
             ["--token-fractions", "0.5", "--norm-types", "no_norm", "--baseline", "dyt"],
             "--baseline dyt: the token ladder",
@@ -298,7 +299,7 @@ def test_the_sweeps_command_line_round_trips_its_ladder_and_slurm_compares_it(tm
     from gpt.sweep.launch import compare_command
 
     argv = [str(CONFIGS / "ladder.yaml"), "--norm-types", *NORMS, "--seeds", "0", "1", "--token-fractions", "0.5",
-            "2", "--runs-dir", str(tmp_path)]  # fmt: skip
+            "2", "--runs-dir", str(tmp_path), "--throughput", str(tmp_path / "bench.jsonl")]  # fmt: skip
     spec = spec_of(argv)
     words = spec.argv()
     assert words[words.index("--token-fractions") :][:3] == ["--token-fractions", "0.5", "2.0"]
@@ -310,3 +311,4 @@ def test_the_sweeps_command_line_round_trips_its_ladder_and_slurm_compares_it(tm
     assert options["ladder"] == [tmp_path / n for n in names[6:]]
     words = compare_command(spec.grid_cells(), tmp_path / "out", options)
     assert words[words.index("--ladder") + 1 :][:4] == [str(tmp_path / n) for n in names[6:]]
+    assert words[words.index("--throughput") + 1] == str(tmp_path / "bench.jsonl")

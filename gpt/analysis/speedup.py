@@ -302,14 +302,16 @@ def verdict(label: str, v: dict, rungs: list[dict], base: str) -> str:
 LENGTH_KEYS = ("train.steps", "train.tokens", "train.tokens_per_param")  # what a token ladder's rungs differ in
 
 
-def token_ladder(groups: list, baseline: str, ladder: list, *, form="auto", irreducible=0.0, bench=None) -> dict:
+def token_ladder(groups: list, baseline: str, ladder: list, *, form="auto", irreducible=0.0, bench=None,
+                 allow_differ=()) -> dict:  # fmt: skip
     """The section at one size: the baseline group's runs (the budget) and ``ladder``, the baseline's runs at other
     token budgets (``sweep.py --token-fractions``, each checked to differ from the baseline's runs in its length
     and seed alone), as the baseline's curve; each other group a variant at the budget. ``bench``: tokens/s per norm
-    type from bench.py (``bench_rates``) instead of the runs' own."""
+    type from bench.py (``bench_rates``) instead of the runs' own; ``allow_differ``: the comparison's keys that may
+    differ (--allow-differ), here too."""
     base = next(g for g in groups if g.label == baseline)
     others = [g for g in groups if g.label != baseline]
-    check_ladder(base.runs, ladder)
+    check_ladder(base.runs, ladder, allow_differ)
     by_tokens: dict = {}
     for r in ladder:
         by_tokens.setdefault(r.planned_tokens, []).append(r)
@@ -343,7 +345,7 @@ def throughput_check(runs: list, rungs: list[dict], variants: list, bench: dict 
     return {"problem": problem, "bench": None, "source": "the runs' own steady-state tokens/s"}
 
 
-def check_ladder(base_runs: list, ladder: list) -> None:
+def check_ladder(base_runs: list, ladder: list, allow_differ=()) -> None:
     """Refuse, in one line, ladder runs that are not the baseline's runs at other lengths."""
     from gpt.analysis.comparable import check_comparable, check_only_the_norm_differs
     from gpt.analysis.runs import AXIS
@@ -357,7 +359,8 @@ def check_ladder(base_runs: list, ladder: list) -> None:
         )
     check_comparable([*base_runs, *ladder], lengths=False)
     try:
-        check_only_the_norm_differs([*base_runs, *ladder], [], list(LENGTH_KEYS), axes="the length and the seeds")
+        keys = [*LENGTH_KEYS, *allow_differ]
+        check_only_the_norm_differs([*base_runs, *ladder], [], keys, axes="the length and the seeds")
     except UserError as e:
         raise UserError(f"--ladder: {e}") from None
 

@@ -109,7 +109,7 @@ def inside_of(groups: list[Group], out: Path) -> tuple[dict, list[tuple[str, lis
     return summary, [(label, [s for _, s in runs if s is not None]) for label, runs in loaded]
 
 
-def effective_speedup(groups, baseline, ladder, load, throughput, form, irreducible, select_on, vary) -> dict | None:
+def effective_speedup(groups, baseline, ladder, load, throughput, form, irreducible, select_on, vary, allowed=()):
     """The token ladder's section (``gpt.analysis.speedup``), or None without a ladder; refused, in one line, beside
     a learning-rate selection or a --vary axis (the baseline's curve is one group's)."""
     if not ladder:
@@ -128,7 +128,8 @@ def effective_speedup(groups, baseline, ladder, load, throughput, form, irreduci
             missing.append(str(e))
     compile_ = next((r.summary.get("compile") for g in groups for r in g.runs if r.summary), None)
     bench = speedup.bench_rates(throughput, compile_) if throughput is not None else None
-    section = speedup.token_ladder(groups, baseline, runs, form=form, irreducible=irreducible or 0.0, bench=bench)
+    fit = {"form": form, "irreducible": irreducible or 0.0, "bench": bench, "allow_differ": allowed}
+    section = speedup.token_ladder(groups, baseline, runs, **fit)
     return {**section, "missing": missing}
 
 
@@ -174,7 +175,8 @@ def compare(
     allowed = check_only_the_norm_differs(runs, vary, allow_differ)
     groups = group_runs(runs, vary)
     groups, baseline, why, selection = compared_groups(groups, baseline, select_on)
-    speedup = effective_speedup(groups, baseline, ladder, load, throughput, form, irreducible, select_on, vary)
+    speedup = effective_speedup(groups, baseline, ladder, load, throughput, form, irreducible, select_on, vary,
+                                allow_differ)  # fmt: skip
     result = {
         **summarise(groups, baseline, equivalence_margin, detect),
         "baseline_rule": why,

@@ -312,3 +312,19 @@ def test_the_sweeps_command_line_round_trips_its_ladder_and_slurm_compares_it(tm
     words = compare_command(spec.grid_cells(), tmp_path / "out", options)
     assert words[words.index("--ladder") + 1 :][:4] == [str(tmp_path / n) for n in names[6:]]
     assert words[words.index("--throughput") + 1] == str(tmp_path / "bench.jsonl")
+
+
+@pytest.mark.slow
+def test_a_ladder_run_that_differs_in_another_key_is_refused_unless_the_key_is_allowed(ladder, tmp_path):
+    import yaml
+
+    grid = [run_dir(ladder, n, k) for n in NORMS for k in SEEDS]
+    rungs = [run_dir(ladder, NORMS[0], k, f) for f in FRACTIONS for k in SEEDS]
+    other = shutil.copytree(rungs[0], tmp_path / rungs[0].name)
+    config = yaml.safe_load((other / "config.yaml").read_text())
+    config["optim"]["weight_decay"] = 0.05
+    (other / "config.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(UserError, match=r"^--ladder: these runs differ in more than the length and the seeds.*weight"):
+        compare(grid, tmp_path / "c", ladder=[other, *rungs[1:]], plots=False)
+    result = compare(grid, tmp_path / "c", ladder=[other, *rungs[1:]], allow_differ=["optim.weight_decay"], plots=False)
+    assert len(result["effective_speedup"]["rungs"]) == 3

@@ -1,6 +1,10 @@
-"""The effective speedup of a norm type over the baseline: how much more compute (or GPU time) the baseline would
-need to reach the variant's test loss, as Marin defines it, ``ES = C_base(L_variant) / C_variant``, read from the
-baseline's fitted loss-vs-cost curve. ES > 1: the variant gets there cheaper.
+"""The effective speedup of a norm type over the baseline: how much more compute (or training time) the baseline
+would need to reach the variant's test loss, as Marin defines it, ``ES = C_base(L_variant) / C_variant``, read from
+the baseline's fitted loss-vs-cost curve. ES > 1: the variant gets there cheaper. **Anchored**: ``C_variant`` is read
+off the same curve too, at the baseline's own mean loss at that cost (``C_base(L_baseline)``, the same number where
+the curve fits): a form that does not bend as the losses do is off by its lack of fit at that point in both, which
+cancels (simulated: the log-log line across sizes whose loss levels off reads 1.30 for a true 1.20 against the cost
+spent, 1.19 anchored, and only the anchored interval covers), and the two losses enter seed by seed, paired.
 
 **The baseline's curve** is ``gpt.analysis.scaling``'s (``E + A * x^-alpha``, or the log-log line of L - E0) fitted
 to the baseline's runs at several costs x: a **token ladder** (one size, the baseline trained to several fractions
@@ -33,6 +37,18 @@ from gpt.analysis.stats import LEVEL, _t_interval_many
 from gpt.common.errors import UserError
 
 
+def _inverse(target: np.ndarray, raw: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """log z* where the fitted ``E + A z^-alpha`` reaches ``target`` (D,), with its first-order sensitivity to the
+    rungs' means (D, S) and to the target (D,), and the target's reducible part (NaN log where it is <= 0)."""
+    e, a, alpha, sens = raw["E"], raw["A"], raw["alpha"], raw["sensitivity"]
+    reducible = target - e
+    with np.errstate(all="ignore"):
+        log_z = -(np.log(reducible) - np.log(a)) / alpha
+        # d log z* / d(E, A, alpha): the implicit function's, -(df/dtheta) / (df/dlog z), df/dlog z = -alpha * r
+        dtheta = np.stack([1 / (alpha * reducible), 1 / (alpha * a), -log_z / alpha], 1)  # (D, 3)
+        return log_z, np.einsum("di,dis->ds", dtheta, sens), -1 / (alpha * reducible), reducible
+
+
 def speedup_many(
     x: np.ndarray,
     base: np.ndarray,
@@ -42,27 +58,30 @@ def speedup_many(
     *,
     irreducible: float = 0.0,
     log_ratio: np.ndarray | None = None,
+    anchor: int | None = None,
     level: float = LEVEL,
 ) -> dict:
     """The effective speedup over D data sets: the baseline's losses ``base`` (D, K seeds, S rungs) at costs ``x``
     (S), the variant's ``variant`` (D, K) at cost ``x_variant``; ``log_ratio`` (D, K), time-matched: each seed's
-    log(tokens/s of the variant / of the baseline), added to log ES. NaN where a value is missing. Returns ``log``
-    (log ES with its interval), ``es``/``low``/``high`` (exp of them), ``needed`` (x*, the cost the baseline needs),
-    ``inside`` (x* within the rungs' costs) and ``crosses`` (the variant's loss is above the curve's floor E)."""
+    log(tokens/s of the variant / of the baseline), added to log ES. NaN where a value is missing.
+
+    ``anchor``: the rung of the baseline's own runs at the variant's cost. Its cost is then read off the curve too,
+    ``ES = C_base(L_variant) / C_base(L_anchor)``: the same quantity where the curve fits, and where it does not
+    (a form that does not bend as the losses do), its lack of fit at that point cancels; the two losses enter
+    seed by seed, paired. Returns ``log`` (log ES with its interval), ``es``/``low``/``high`` (exp of them),
+    ``needed`` (x*, the cost the baseline needs), ``inside`` (x* within the rungs' costs) and ``crosses`` (the
+    variant's loss is above the curve's floor E)."""
     x, base, variant = np.asarray(x, float), np.asarray(base, float), np.asarray(variant, float)
     raw, ref, _ = fitted_scaled(x, base, form, irreducible)
-    e, a, alpha, sens = raw["E"], raw["A"], raw["alpha"], raw["sensitivity"]
-    target = np.nanmean(variant, 1)  # (D,)
-    reducible = target - e
+    log_z, c_base, c_variant, reducible = _inverse(np.nanmean(variant, 1), raw)
     crosses = reducible > 0
-    with np.errstate(all="ignore"):
-        log_z = -(np.log(reducible) - np.log(a)) / alpha  # f(z*) = target, f = E + A z^-alpha
-        # d log z* / d(E, A, alpha): the implicit function's, -(df/dtheta) / (df/dlog z), df/dlog z = -alpha * r
-        dtheta = np.stack([1 / (alpha * reducible), 1 / (alpha * a), -log_z / alpha], 1)  # (D, 3)
-        c_base = np.einsum("di,dis->ds", dtheta, sens)  # (D, S)
-        c_variant = -1 / (alpha * reducible)  # (D,)
-    values, coefs = [base, variant[:, :, None]], [c_base, c_variant[:, None]]
     estimate = log_z + math.log(ref) - math.log(x_variant)
+    if anchor is not None:
+        log_a, c_base_a, c_anchor, _ = _inverse(np.nanmean(base[:, :, anchor], 1), raw)
+        estimate = log_z - log_a
+        c_base = c_base - c_base_a
+        c_base[:, anchor] -= c_anchor
+    values, coefs = [base, variant[:, :, None]], [c_base, c_variant[:, None]]
     if log_ratio is not None:
         log_ratio = np.asarray(log_ratio, float)
         values.append(log_ratio[:, :, None])
@@ -74,12 +93,13 @@ def speedup_many(
     z = np.exp(log_z)
     scaled = x / ref
     with np.errstate(all="ignore"):
+        curve = estimate - (np.nanmean(log_ratio, 1) if log_ratio is not None else 0.0)
         return {
             "log": log,
             "es": np.exp(estimate),
             "low": np.exp(log["low"]),
             "high": np.exp(log["high"]),
-            "needed": z * ref,
+            "needed": x_variant * np.exp(curve),  # the baseline's cost for the variant's loss (anchored: shifted)
             "inside": crosses & (z >= scaled.min() * (1 - 1e-9)) & (z <= scaled.max() * (1 + 1e-9)),
             "crosses": crosses & ~raw["at_edge"],
         }
@@ -178,10 +198,10 @@ def _matrix(points: list[dict], seeds: list[str], key: str = "losses") -> np.nda
     return np.array([[[p[key].get(k, math.nan) for p in points] for k in seeds]], float)
 
 
-def _one(x, rungs, variant, x_variant, seeds, form, irreducible, log_ratio=None) -> dict:
-    """One effective speedup (one variant, one cost) as plain numbers."""
+def _one(x, rungs, variant, x_variant, seeds, form, irreducible, log_ratio=None, anchor=None) -> dict:
+    """One effective speedup (one variant, one cost; ``anchor``: its pair's rung) as plain numbers."""
     r = speedup_many(np.asarray(x, float), _matrix(rungs, seeds), x_variant, _matrix([variant], seeds)[:, :, 0],
-                     form, irreducible=irreducible, log_ratio=log_ratio)  # fmt: skip
+                     form, irreducible=irreducible, log_ratio=log_ratio, anchor=anchor)  # fmt: skip
     out = first({k: v for k, v in r.items() if k != "log"})
     out.update({"log_" + k: v for k, v in first(r["log"]).items() if k in ("se", "df", "method", "no_spread")})
     return out
@@ -230,6 +250,10 @@ def section(
             "x": list(x), "E": fit["E"], "A": fit["A"], "alpha": fit["alpha"]["mean"]}  # fmt: skip
     for v, at in variants:
         head["norms"][v["label"]] = _variant(v, rungs, at, seeds, chosen, irreducible, throughput, seconds)
+    # the baseline's own runs read off its own curve: 1 but for the fit's lack of fit there (which anchoring cancels)
+    pairs = sorted({at for _, at in variants})
+    head["lack_of_fit"] = {rungs[i]["label"]: _one(flops, rungs, rungs[i], rungs[i]["flops"], seeds, chosen,
+                                                    irreducible)["es"] for i in pairs}  # fmt: skip
     return head
 
 
@@ -251,7 +275,7 @@ def _variant(v: dict, rungs: list[dict], at: int, seeds: list[str], form, irredu
     """One variant's effective speedup, compute- and (where its throughput can be trusted) time-matched: its
     tokens at its pair's rate, plus each seed's log ratio of its tokens/s to its pair's (bench.py's: one ratio)."""
     out = {"loss_mean": float(np.mean(list(v["losses"].values()))), "pair": rungs[at]["label"], "time": None}
-    out["compute"] = _one([r["flops"] for r in rungs], rungs, v, v["flops"], seeds, form, irreducible)
+    out["compute"] = _one([r["flops"] for r in rungs], rungs, v, v["flops"], seeds, form, irreducible, anchor=at)
     out["compute"]["x_variant"] = v["flops"]
     if seconds is not None:
         bench, base = throughput.get("bench"), rungs[at]["tokens_per_s"]
@@ -261,25 +285,28 @@ def _variant(v: dict, rungs: list[dict], at: int, seeds: list[str], form, irredu
             ratio = np.array([[math.log(v["tokens_per_s"][k] / base[k]) if k in v["tokens_per_s"] and k in base
                                else math.nan for k in seeds]])  # fmt: skip
         x_variant = seconds[at] * v["tokens"] / rungs[at]["tokens"]  # its tokens at its pair's rate
-        out["time"] = _one(seconds, rungs, v, x_variant, seeds, form, irreducible, ratio)
+        out["time"] = _one(seconds, rungs, v, x_variant, seeds, form, irreducible, ratio, anchor=at)
         out["time"]["x_variant"] = x_variant / math.exp(float(np.nanmean(ratio)))  # at its own tokens/s
     out["verdict"] = verdict(v["label"], out, rungs, rungs[at]["label"].partition(" ")[0])
     return out
 
 
-def _x(es: dict) -> str:
-    return (
-        f"{es['es']:.2f}x"
-        if es["low"] is None or not math.isfinite(es["low"])
-        else (f"{es['es']:.2f}x [{es['low']:.2f}, {es['high']:.2f}]")
-    )
+def _x(es: dict, invert: bool = False) -> str:
+    """ES with its interval (``invert``: 1/ES, the share of the baseline's cost the variant needs), to 2 decimals,
+    or 3 where the interval is narrower than 0.05."""
+
+    def f(v: float) -> float:
+        return 1 / v if invert else v
+
+    if es["low"] is None or not math.isfinite(es["low"]):
+        return f"{f(es['es']):.2f}x"
+    low, high = sorted((f(es["low"]), f(es["high"])))
+    d = 3 if high - low < 0.05 else 2
+    return f"{f(es['es']):.{d}f}x [{low:.{d}f}, {high:.{d}f}]"
 
 
 def _share(es: dict) -> str:
-    """What share of the baseline's cost the variant needs: 1/ES with its interval."""
-    if es["low"] is None or not math.isfinite(es["low"]):
-        return f"{1 / es['es']:.2f}x"
-    return f"{1 / es['es']:.2f}x [{1 / es['high']:.2f}, {1 / es['low']:.2f}]"
+    return _x(es, invert=True)
 
 
 def verdict(label: str, v: dict, rungs: list[dict], base: str) -> str:
@@ -410,10 +437,11 @@ def lines(s: dict | None) -> list[str]:
         f"fitted curve ({s['route']}: {ladder}; {s['formula']}"
         + (f", E0 = {s['irreducible']:g}" if s["form"] == "power" else "")
         + (f"; the log-log line because {s['form_why']}" if s.get("form_why") else "")
-        + "), over the norm type's own cost. Compute-matched: training FLOPs (what the norm changes in the function "
-        "learned); time-matched: seconds at steady-state tokens/s (the kernels' cost besides). ES > 1: cheaper than "
-        "the baseline. Intervals: 95% over seeds, the delta method seed by seed (gpt.analysis.speedup); they hold for "
-        "this curve's form.",
+        + "), over the norm type's own cost (read off the same curve at the baseline's own loss at that cost, so that "
+        "the curve's lack of fit there cancels). Compute-matched: training FLOPs (what the norm changes in the "
+        "function learned); time-matched: seconds at steady-state tokens/s (the kernels' cost besides). ES > 1: "
+        "cheaper than the baseline. Intervals: 95% over seeds, the delta method seed by seed, the two losses paired "
+        "(gpt.analysis.speedup).",
         "",
         "| baseline's runs | tokens | training FLOPs | seeds | mean test loss | tokens/s (min-max) |",
         "|---|---|---|---|---|---|",
@@ -429,6 +457,10 @@ def lines(s: dict | None) -> list[str]:
     left = [x for r in s["rungs"] for x in r.get("left_out", [])] + list(s.get("missing") or [])
     out += ["", f"Left out of the baseline's curve: {'; '.join(left)}."] if left else []
     out += [""] + [f"- {v['verdict']}" for v in s["norms"].values()]
+    lack = ", ".join(f"{label} {es:.3f}x" for label, es in (s.get("lack_of_fit") or {}).items())
+    out += ["", "Each figure reads the cost of both losses off the curve, the norm type's and the baseline's own at "
+            "the same cost, so the curve's lack of fit there cancels; read against the cost actually spent, the "
+            f"baseline's own runs would give {lack}."] if lack else []  # fmt: skip
     t = s["throughput"]
     out += ["", f"Throughput: {t['source']}" + (f". {t['problem']}." if t["problem"] else ".")]
     return out

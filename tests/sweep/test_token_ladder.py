@@ -99,17 +99,22 @@ def test_the_effective_speedup_equals_a_direct_computation_from_the_runs(ladder)
     x = np.array([r[0]["flops"] for r in rungs])
     base = np.array([[r[i]["loss"] for r in rungs] for i in range(len(SEEDS))])  # (seeds, rungs)
     assert [r["flops"] for r in s["rungs"]] == pytest.approx(x.tolist(), rel=1e-12)
+    own_es = math.exp(direct_log_es(x, base.mean(0), base[:, 1].mean(), x[1]))  # the budget off its own curve
+    assert s["lack_of_fit"] == {"handrolled_layernorm (the budget)": pytest.approx(own_es, rel=1e-9)}
     for norm in NORMS[1:]:
         runs = [own(run_dir(ladder, norm, k)) for k in SEEDS]
         var = np.array([r["loss"] for r in runs])
         got = s["norms"][norm]["compute"]
-        log_es = direct_log_es(x, base.mean(0), var.mean(), runs[0]["flops"])
+        # anchored: both losses read off the curve, the variant's and the baseline's own at the budget
+        log_es = direct_log_es(x, base.mean(0), var.mean(), x[1]) - direct_log_es(
+            x, base.mean(0), base[:, 1].mean(), x[1]
+        )
         assert math.log(got["es"]) == pytest.approx(log_es, abs=1e-9)
         # the interval: each seed's first-order combination of its losses (gradient by central differences)
         values = np.append(base.mean(0), var.mean())
 
-        def f(v, cost=runs[0]["flops"]):
-            return direct_log_es(x, v[:-1], v[-1], cost)
+        def f(v):
+            return direct_log_es(x, v[:-1], v[-1], x[1]) - direct_log_es(x, v[:-1], v[1], x[1])
 
         grad = np.array([(f(values + h) - f(values - h)) / 2e-6 for h in np.eye(len(values)) * 1e-6])
         q = np.column_stack([base, var]) @ grad

@@ -362,9 +362,10 @@ def throughput_check(runs: list, rungs: list[dict], variants: list, bench: dict 
         problem = (f"time-matched effective speedup not computed: {bench['file']} has no step row of "
                    f"{', '.join(missing)}; bench.py --norm-types names them") if missing else None  # fmt: skip
         rates = ", ".join(f"{k} {v:,.0f}" for k, v in bench["rates"].items())
+        rounds = f", the median of {bench['rounds']} rounds" if bench["rounds"] > 1 else ""
         source = (
             f"bench.py's steps, timed one norm type after another in one process on {bench['device']} ({rates} "
-            f"tokens/s), from {bench['file']}"
+            f"tokens/s{rounds}), from {bench['file']}"
         )
         return {"problem": problem, "bench": bench["rates"], "source": source}
     used = [r for r in runs if r.usable]
@@ -394,7 +395,9 @@ def check_ladder(base_runs: list, ladder: list, allow_differ=()) -> None:
 
 def bench_rates(path, compile_: bool | None = None) -> dict:
     """Each norm type's tokens/s from a bench.py JSON-lines file (its step rows; of ``compile_`` where it has
-    rows of both settings): {"file", "rates", "device"}; a file that is not one is refused in one line."""
+    rows of both settings; the median where bench.py ran more than once into the file, a round of every norm type
+    each time, so that a drift of the machine's speed falls on all of them): {"file", "rates", "rounds",
+    "device"}; a file that is not one is refused in one line."""
     import json
     from pathlib import Path
 
@@ -410,7 +413,11 @@ def bench_rates(path, compile_: bool | None = None) -> dict:
         steps = [r for r in steps if r.get("compile") == compile_]
     if not steps:
         raise UserError(f"--throughput {path}: no training-step row with tokens/s in it; {BENCH_HINT}")
-    return {"file": str(path), "rates": {r["norm_type"]: r["tokens_per_s"] for r in steps},
+    by_norm: dict[str, list[float]] = {}
+    for r in steps:
+        by_norm.setdefault(r["norm_type"], []).append(r["tokens_per_s"])
+    return {"file": str(path), "rates": {k: float(np.median(v)) for k, v in by_norm.items()},
+            "rounds": min(len(v) for v in by_norm.values()),
             "device": f"{steps[0].get('device')} x {steps[0].get('world_size')}"}  # fmt: skip
 
 

@@ -31,7 +31,7 @@ SEEDS = (0, 1, 2)
 # is read; its time-matched figure from bench.py's steps timed one norm type after another in one process (a CPU's
 # runs, trained one after another beside whatever else the machine does, are no measurement of a norm's speed).
 TOKEN_FRACTIONS = (0.5, 2.0)
-BENCH_STEPS = 30
+BENCH_STEPS, BENCH_ROUNDS = 20, 3  # each round times every norm type; the comparison takes each one's median
 TOKENIZER = "bytes"  # 257 ids: the embedding and head cost nothing, so a CPU trains past the unigram stage
 MARGIN = 0.01
 
@@ -55,21 +55,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def time_steps(config: Path, norm_types: list[str], path: Path) -> None:
-    """Time BENCH_STEPS training steps of each norm type, one after another in this process, into ``path`` (the
-    rows scripts/bench.py writes with --jsonl), and print bench.py's table of them."""
+    """Time BENCH_STEPS training steps of each norm type, one after another in this process, BENCH_ROUNDS times over,
+    into ``path`` (the rows scripts/bench.py writes with --jsonl), and print bench.py's table of them."""
     from gpt.config import load_config
     from gpt.run.distributed import setup
     from gpt.speed.rows import append_to, table
     from gpt.speed.timing import step_rows
 
-    print(f"timing {BENCH_STEPS} training steps of each norm type side by side (as scripts/bench.py) into {path}")
+    print(f"timing {BENCH_STEPS} training steps of each norm type, {BENCH_ROUNDS} rounds (as bench.py) into {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
     cfg = load_config(config, ["run.name=demo"])
+    timed = {"steps": BENCH_STEPS, "warmup": 3, "data": "config", "emit": append_to(path)}
     dist = setup(cfg.run.device)
     try:
-        rows = step_rows(
-            cfg, dist, norm_types, [False], steps=BENCH_STEPS, warmup=3, data="config", emit=append_to(path)
-        )
+        rows = [row for _ in range(BENCH_ROUNDS) for row in step_rows(cfg, dist, norm_types, [False], **timed)]
     finally:
         dist.close()
     print(table(rows))

@@ -21,6 +21,7 @@ from gpt.analysis.charts import SPEEDUP_CHART, plot_scaling, plot_speedup
 from gpt.analysis.comparable import check_comparable, check_names, check_only_the_norm_differs
 from gpt.analysis.report import _loss, escaped
 from gpt.analysis.runs import AXIS, load_runs
+from gpt.analysis.scaling import count_text
 from gpt.analysis.selection import LR_KEY
 from gpt.analysis.table import compare, json_safe
 from gpt.common.errors import UserError
@@ -331,15 +332,6 @@ def _chosen(selection: dict | None) -> dict | None:
     return {f["family"]: f["chosen_value"] for f in selection["families"]} if selection else None
 
 
-def _count(x) -> str:
-    if x is None:
-        return "-"
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if x >= scale:
-            return f"{x / scale:.3g}{unit}"
-    return f"{x:.3g}"
-
-
 def _ci(v: dict, spec: str = ".4f") -> str:
     if v.get("low") is None or not math.isfinite(v["low"]):
         return f"{v['mean']:{spec}} (no interval: the seeds give no spread)"
@@ -371,7 +363,7 @@ def _prediction_lines(fit: dict) -> list[str]:
         return []
     kind = "an extrapolation beyond the sizes fitted" if pred["extrapolation"] else "within the sizes fitted"
     lines = [
-        f"  - predicted test loss at N = {_count(pred['at'])} by {fit['formula']}: {_ci(pred)} ({kind}; the "
+        f"  - predicted test loss at N = {count_text(pred['at'])} by {fit['formula']}: {_ci(pred)} ({kind}; the "
         "interval is over seeds for this form and does not cover the choice of form)"
     ]
     other = fit.get("other_form")
@@ -425,7 +417,7 @@ def markdown(result: dict) -> str:
     lines += ["| size | N | tokens | training FLOPs | baseline group |", "|---|---|---|---|---|"]
     for s in result["sizes"]:
         lines.append(
-            f"| {s['size']} | {_count(s['n_params'])} | {_count(s['tokens'])} | {_count(s['flops'])} | "
+            f"| {s['size']} | {count_text(s['n_params'])} | {count_text(s['tokens'])} | {count_text(s['flops'])} | "
             f"{s['baseline_group']} |"
         )
     lines += _loss_table(result)

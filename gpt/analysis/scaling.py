@@ -291,6 +291,16 @@ def add_arguments(parser, sweep: bool = False) -> None:
         "(default 0; the saturating form fits its own E)")  # fmt: skip
 
 
+def count_text(x: float | None) -> str:
+    """A count as a reader takes it in, ``parse_count``'s way back: 124M, 1.5B, 350k, 3.26T (3 digits); "-" for None."""
+    if x is None:
+        return "-"
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.3g}{unit}"
+    return f"{x:.3g}"
+
+
 def parse_count(text: str) -> float:
     """A parameter count as a user writes it: 124M, 1.5B, 350k, 2e9 (k, M, B or G, T: powers of 1000)."""
     units = {"k": 1e3, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}

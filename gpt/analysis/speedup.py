@@ -32,7 +32,7 @@ import math
 
 import numpy as np
 
-from gpt.analysis.scaling import FORMULA, NEEDS, first, fit_many, fitted_scaled, seed_order, spread
+from gpt.analysis.scaling import FORMULA, NEEDS, count_text, first, fit_many, fitted_scaled, seed_order, spread
 from gpt.analysis.stats import LEVEL, _t_interval_many
 from gpt.common.errors import UserError
 
@@ -424,13 +424,6 @@ def bench_rates(path, compile_: bool | None = None) -> dict:
 SPEEDUP_HEADING = "Effective speedup"
 
 
-def _count(x) -> str:
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if x >= scale:
-            return f"{x / scale:.3g}{unit}"
-    return f"{x:.3g}"
-
-
 def lines(s: dict | None) -> list[str]:
     """The section as Markdown: the baseline's curve, each norm type's verdict with both figures, the throughput."""
     if not s:
@@ -458,8 +451,8 @@ def lines(s: dict | None) -> list[str]:
         shown = f"{min(rates):,.0f}-{max(rates):,.0f}" if rates else "-"
         mean = float(np.mean(list(r["losses"].values())))
         out.append(
-            f"| {r['label']} | {_count(r['tokens'])} | {_count(r['flops'])} | {len(r['losses'])} | {mean:.4f} | "
-            f"{shown} |"
+            f"| {r['label']} | {count_text(r['tokens'])} | {count_text(r['flops'])} | {len(r['losses'])} | "
+            f"{mean:.4f} | {shown} |"
         )
     left = [x for r in s["rungs"] for x in r.get("left_out", [])] + list(s.get("missing") or [])
     out += ["", f"Left out of the baseline's curve: {'; '.join(left)}."] if left else []

@@ -75,25 +75,24 @@ def speedup_many(
     raw, ref, _ = fitted_scaled(x, base, form, irreducible)
     log_z, c_base, c_variant, reducible = _inverse(np.nanmean(variant, 1), raw)
     crosses = reducible > 0
-    estimate = log_z + math.log(ref) - math.log(x_variant)
+    curve = log_z + math.log(ref) - math.log(x_variant)  # log ES from the losses alone
     if anchor is not None:
         log_a, c_base_a, c_anchor, _ = _inverse(np.nanmean(base[:, :, anchor], 1), raw)
-        estimate = log_z - log_a
+        curve = log_z - log_a
         c_base = c_base - c_base_a
         c_base[:, anchor] -= c_anchor
-    values, coefs = [base, variant[:, :, None]], [c_base, c_variant[:, None]]
+    values, coefs, estimate = [base, variant[:, :, None]], [c_base, c_variant[:, None]], curve
     if log_ratio is not None:
         log_ratio = np.asarray(log_ratio, float)
         values.append(log_ratio[:, :, None])
         coefs.append(np.ones((len(base), 1)))
         with np.errstate(all="ignore"):
-            estimate = estimate + np.nanmean(log_ratio, 1)
+            estimate = curve + np.nanmean(log_ratio, 1)
     s = spread(np.concatenate(coefs, 1), np.concatenate(values, 2))
     log = {**_t_interval_many(estimate, s["se"], s["df"], level), "method": s["method"]}
     z = np.exp(log_z)
     scaled = x / ref
     with np.errstate(all="ignore"):
-        curve = estimate - (np.nanmean(log_ratio, 1) if log_ratio is not None else 0.0)
         return {
             "log": log,
             "es": np.exp(estimate),
@@ -239,7 +238,7 @@ def section(
     flops = np.array([r["flops"] for r in rungs])
     chosen, why = chosen_form(flops, _matrix(rungs, seeds), form, irreducible)
     head.update(form=chosen, formula=FORMULA[chosen].replace("N", "x"), form_why=why, irreducible=irreducible)
-    seconds = _seconds(rungs, variants, throughput, one_model)
+    seconds = _seconds(rungs, variants, baseline, throughput, one_model)
     for name, x in (("compute", flops), ("time", seconds)):
         fit = (
             None
@@ -249,7 +248,7 @@ def section(
         head.setdefault("curve", {})[name] = None if fit is None else {
             "x": list(x), "E": fit["E"], "A": fit["A"], "alpha": fit["alpha"]["mean"]}  # fmt: skip
     for v, at in variants:
-        head["norms"][v["label"]] = _variant(v, rungs, at, seeds, chosen, irreducible, throughput, seconds)
+        head["norms"][v["label"]] = _variant(v, rungs, at, baseline, seeds, chosen, irreducible, throughput, seconds)
     # the baseline's own runs read off its own curve: 1 but for the fit's lack of fit there (which anchoring cancels)
     pairs = sorted({at for _, at in variants})
     head["lack_of_fit"] = {rungs[i]["label"]: _one(flops, rungs, rungs[i], rungs[i]["flops"], seeds, chosen,
@@ -257,13 +256,13 @@ def section(
     return head
 
 
-def _seconds(rungs: list[dict], variants: list, throughput: dict, one_model: bool) -> list[float] | None:
+def _seconds(rungs: list[dict], variants: list, baseline: str, throughput: dict, one_model: bool) -> list[float] | None:
     """Each rung's training seconds at the tokens/s it is timed at (None: time-matched is not computed): one model
     (a token ladder) at its budget rung's (or bench.py's) rate, else each rung at its own runs' rate."""
     if throughput["problem"] is not None:
         return None
     if throughput.get("bench"):
-        rates = [throughput["bench"][throughput["baseline_bench"]]] * len(rungs)
+        rates = [throughput["bench"][baseline]] * len(rungs)
     elif one_model:
         rates = [_geo(rungs[variants[0][1] if variants else 0]["tokens_per_s"])] * len(rungs)
     else:
@@ -271,7 +270,7 @@ def _seconds(rungs: list[dict], variants: list, throughput: dict, one_model: boo
     return [r["tokens"] / rate for r, rate in zip(rungs, rates)]
 
 
-def _variant(v: dict, rungs: list[dict], at: int, seeds: list[str], form, irreducible, throughput, seconds) -> dict:
+def _variant(v: dict, rungs: list[dict], at: int, baseline: str, seeds: list, form, irreducible, throughput, seconds):
     """One variant's effective speedup, compute- and (where its throughput can be trusted) time-matched: its
     tokens at its pair's rate, plus each seed's log ratio of its tokens/s to its pair's (bench.py's: one ratio)."""
     out = {"loss_mean": float(np.mean(list(v["losses"].values()))), "pair": rungs[at]["label"], "time": None}
@@ -280,14 +279,14 @@ def _variant(v: dict, rungs: list[dict], at: int, seeds: list[str], form, irredu
     if seconds is not None:
         bench, base = throughput.get("bench"), rungs[at]["tokens_per_s"]
         if bench:
-            ratio = np.full((1, len(seeds)), math.log(bench[v["label"]] / bench[throughput["baseline_bench"]]))
+            ratio = np.full((1, len(seeds)), math.log(bench[v["label"]] / bench[baseline]))
         else:
             ratio = np.array([[math.log(v["tokens_per_s"][k] / base[k]) if k in v["tokens_per_s"] and k in base
                                else math.nan for k in seeds]])  # fmt: skip
         x_variant = seconds[at] * v["tokens"] / rungs[at]["tokens"]  # its tokens at its pair's rate
         out["time"] = _one(seconds, rungs, v, x_variant, seeds, form, irreducible, ratio, anchor=at)
         out["time"]["x_variant"] = x_variant / math.exp(float(np.nanmean(ratio)))  # at its own tokens/s
-    out["verdict"] = verdict(v["label"], out, rungs, rungs[at]["label"].partition(" ")[0])
+    out["verdict"] = verdict(v["label"], out, rungs, baseline)
     return out
 
 
@@ -346,19 +345,17 @@ def token_ladder(groups: list, baseline: str, ladder: list, *, form="auto", irre
     rungs = [budget] + [point(rs, f"{baseline} at {t / budget['tokens']:.3g}x") for t, rs in by_tokens.items()]
     rungs = sorted(rungs, key=lambda p: p["tokens"] or 0)
     variants = [(point(g.runs, g.label), rungs.index(budget)) for g in others]
-    throughput = throughput_check([*base.runs, *ladder, *(r for g in others for r in g.runs)], rungs, variants, bench)
-    if bench is not None and throughput["problem"] is None:
-        throughput["baseline_bench"] = baseline
+    runs = [*base.runs, *ladder, *(r for g in others for r in g.runs)]
+    throughput = throughput_check(runs, rungs, variants, baseline, bench)
     return section(rungs, variants, baseline, "token ladder", form=form, irreducible=irreducible, one_model=True,
                    throughput=throughput)  # fmt: skip
 
 
-def throughput_check(runs: list, rungs: list[dict], variants: list, bench: dict | None) -> dict:
+def throughput_check(runs: list, rungs: list[dict], variants: list, baseline: str, bench: dict | None) -> dict:
     """Whether the time-matched figure can be computed, and from what: the runs' own tokens/s (one device type
     and count, no spread beyond ``THROUGHPUT_SPREAD`` within a point), or bench.py's rows (every norm type)."""
     if bench is not None:
-        missing = [v["label"] for v, _ in variants if v["label"] not in bench["rates"]]
-        missing += [] if rungs and rungs[0]["label"].partition(" ")[0] in bench["rates"] else ["the baseline"]
+        missing = [label for label in [baseline, *(v["label"] for v, _ in variants)] if label not in bench["rates"]]
         problem = (f"time-matched effective speedup not computed: {bench['file']} has no step row of "
                    f"{', '.join(missing)}; bench.py --norm-types names them") if missing else None  # fmt: skip
         rates = ", ".join(f"{k} {v:,.0f}" for k, v in bench["rates"].items())
@@ -501,5 +498,5 @@ def size_ladder(sizes: list[tuple[str, dict, dict]], baseline: str, *, form="aut
     kept = [i for i, r in enumerate(rungs) if r["losses"] and r["flops"]]
     variants = [(v, kept.index(at)) for v, at in variants if at in kept and v["losses"] and v["flops"]]
     rungs = [rungs[i] for i in kept]
-    throughput = throughput_check(runs, rungs, variants, None)
+    throughput = throughput_check(runs, rungs, variants, baseline, None)
     return section(rungs, variants, baseline, "size ladder", form=form, irreducible=irreducible, throughput=throughput)

@@ -333,3 +333,17 @@ def test_a_ladder_run_that_differs_in_another_key_is_refused_unless_the_key_is_a
         compare(grid, tmp_path / "c", ladder=[other, *rungs[1:]], plots=False)
     result = compare(grid, tmp_path / "c", ladder=[other, *rungs[1:]], allow_differ=["optim.weight_decay"], plots=False)
     assert len(result["effective_speedup"]["rungs"]) == 3
+
+
+@pytest.mark.slow
+def test_a_bench_file_without_a_compared_norm_type_gives_no_time_matched_figure_and_says_which(ladder, tmp_path):
+    grid = [run_dir(ladder, n, k) for n in NORMS for k in SEEDS]
+    rungs = [run_dir(ladder, NORMS[0], k, f) for f in FRACTIONS for k in SEEDS]
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text(json.dumps({"mode": "step", "norm_type": "pytorch_layernorm", "tokens_per_s": 2000.0}) + "\n")
+    s = compare(grid, tmp_path / "c", ladder=rungs, throughput=bench, plots=False)["effective_speedup"]
+    assert s["throughput"]["problem"] == (
+        f"time-matched effective speedup not computed: {bench} has no step row of handrolled_layernorm, no_norm; "
+        "bench.py --norm-types names them"
+    )
+    assert all(v["time"] is None and v["compute"]["es"] > 0 for v in s["norms"].values())

@@ -11,6 +11,7 @@ import numpy as np
 
 from gpt.analysis import stats, variance
 from gpt.analysis.runs import Group, Run, seed_label
+from gpt.data.tokenizer import bits_per_byte
 from gpt.evaluation.tasks import TASKS
 from gpt.run.directory import COMPLETED, DIVERGED
 
@@ -82,11 +83,11 @@ def summarise(
 
 def bits_per_nat(evaluation: dict | None) -> float | None:
     """What a test loss in nats per token is multiplied by to read in bits per byte of the scored text
-    (``gpt.evaluation.held_out.bits_per_byte``): tokens / (bytes x ln 2); None where the evaluation did not count
-    its bytes (one from before they were counted, or a tokenizer not known here)."""
-    if not evaluation or not evaluation.get("bytes_scored") or not evaluation.get("targets_scored"):
+    (``gpt.data.tokenizer.bits_per_byte`` of one nat): None where the evaluation did not count its bytes (one from
+    before they were counted, or a tokenizer not known here)."""
+    if not evaluation or not evaluation.get("targets_scored"):
         return None
-    return evaluation["targets_scored"] / (evaluation["bytes_scored"] * math.log(2))
+    return bits_per_byte(1.0, evaluation["targets_scored"], evaluation.get("bytes_scored"))
 
 
 def _adjust_for_multiplicity(rows: list[dict]) -> dict:

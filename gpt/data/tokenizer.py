@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
+import math
 from pathlib import Path
 
 import numpy as np
@@ -129,3 +130,9 @@ def token_byte_lengths(name: str) -> np.ndarray | None:
         except KeyError:  # an id the encoding leaves unassigned
             continue
     return lengths
+
+
+def bits_per_byte(loss: float, scored: int, n_bytes: int | None) -> float | None:
+    """A mean loss in nats per token as bits per byte of the text scored: ``loss * tokens / (bytes * ln 2)``, the
+    unit in which a byte-level and a BPE model's losses compare (None without the bytes)."""
+    return loss * scored / (n_bytes * math.log(2)) if n_bytes else None

@@ -22,7 +22,7 @@ from tqdm import tqdm
 from gpt.common.errors import UserError
 from gpt.config import Config, config_from_dict
 from gpt.data.folders import open_split, resolve_data_dir
-from gpt.data.tokenizer import token_byte_lengths
+from gpt.data.tokenizer import bits_per_byte, token_byte_lengths
 from gpt.data.tokens import DataError, TokenRange, tokenizer_name
 from gpt.evaluation.token_loss import evaluate_loss
 from gpt.model.gpt import GPT
@@ -168,12 +168,6 @@ def bytes_scored(tokens: TokenRange, scored: int, tokenizer: str, chunk: int = 1
         ids = tokens.tokens.read(start, min(chunk, first + scored - start)).astype(np.int64)
         total += int(lengths[np.clip(ids, 0, len(lengths) - 1)].sum())
     return total
-
-
-def bits_per_byte(loss: float, scored: int, n_bytes: int | None) -> float | None:
-    """A mean loss in nats per token as bits per byte of the text scored: ``loss * tokens / (bytes * ln 2)``, the
-    unit in which a byte-level and a BPE model's losses compare (None without the bytes)."""
-    return loss * scored / (n_bytes * math.log(2)) if n_bytes else None
 
 
 def evaluate_checkpoint(

@@ -285,8 +285,8 @@ def test_bits_per_byte_counts_the_bytes_of_the_scored_targets_text(tmp_path):
     """The bytes are those of the targets' decoded text (the first token of the range is never a target; the
     end-of-document separator is no text), and bits per byte is loss * tokens / (bytes * ln 2)."""
     from gpt.data.folders import open_split
-    from gpt.data.tokenizer import EOT_TOKEN, gpt2_encoding
-    from gpt.evaluation.held_out import bits_per_byte, bytes_scored
+    from gpt.data.tokenizer import EOT_TOKEN, bits_per_byte, gpt2_encoding
+    from gpt.evaluation.held_out import bytes_scored
 
     enc = gpt2_encoding()
     docs = ["Ünïcödé façade — naïve café", "plain ascii text, twice over", "日本語のテキスト 🙂 emoji"] * 40

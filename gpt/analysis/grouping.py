@@ -8,9 +8,7 @@ from gpt.analysis.comparable import compared_keys, named
 from gpt.analysis.runs import AXIS, Group, Run
 from gpt.analysis.selection import LR_KEY, optimism, select_rates
 from gpt.common.errors import UserError
-from gpt.config import NORM_TYPES
-
-DEFAULT_BASELINE = "handrolled_layernorm"  # the write-up's baseline
+from gpt.config import DEFAULT_BASELINE, NORM_TYPES
 
 
 def group_runs(runs: list[Run], vary: list[str] = ()) -> list[Group]:

@@ -21,6 +21,7 @@ from gpt.config.loader import (
     parse_yaml,
 )
 from gpt.config.schema import (
+    DEFAULT_BASELINE,
     NORM_PLACEMENTS,
     NORM_TYPES,
     PRECISIONS,
@@ -38,6 +39,7 @@ from gpt.config.schema import (
 )
 
 __all__ = [
+    "DEFAULT_BASELINE",
     "NORM_PLACEMENTS",
     "NORM_TYPES",
     "PRECISIONS",

@@ -52,6 +52,7 @@ def declared_keys(source: Path, name: str) -> tuple[str, ...]:
 
 
 NORM_TYPES = declared_norm_types()
+DEFAULT_BASELINE = "handrolled_layernorm"  # the write-up's baseline: a comparison's and a token ladder's default
 NORM_PLACEMENTS = architecture.choices("norm_placement")  # where a block's norms sit
 QK_NORMS = architecture.choices("qk_norm")  # what QK-norm normalises over
 SCHEDULES = declared_keys(SCHEDULE_REGISTRY, "SHAPES")  # the learning-rate schedules

@@ -21,7 +21,7 @@ from gpt.analysis.scaling import NEEDS, seed_order
 from gpt.analysis.selection import LR_KEY
 from gpt.common.errors import UserError
 from gpt.common.files import read_json
-from gpt.config import NORM_TYPES, Config, load_config
+from gpt.config import DEFAULT_BASELINE, NORM_TYPES, Config, load_config
 from gpt.config.architecture import SEED_MAX
 from gpt.config.sizes import SIZE_KEY, SIZES, mixed_shapes
 from gpt.run.directory import COMPARISON_FILE, RunDir
@@ -155,9 +155,6 @@ def _cell_keys(norm_type: str, seed: int, init: int | None, name: str, runs_dir:
     ]
 
 
-LADDER_BASELINE = "handrolled_layernorm"  # the write-up's baseline, as a comparison's default (gpt.analysis.grouping)
-
-
 def ladder_norm(norm_types: list[str], baseline: str | None) -> str:
     """The norm type a token ladder trains: the comparison's baseline (``--baseline``, else its default rule)."""
     if baseline is not None:
@@ -167,7 +164,7 @@ def ladder_norm(norm_types: list[str], baseline: str | None) -> str:
                 f"{' '.join(norm_types)}; name one of them"
             )
         return baseline
-    return LADDER_BASELINE if LADDER_BASELINE in norm_types else min(norm_types, key=list(NORM_TYPES).index)
+    return DEFAULT_BASELINE if DEFAULT_BASELINE in norm_types else min(norm_types, key=list(NORM_TYPES).index)
 
 
 def fraction_overrides(config: Path, overrides: list[str], fraction: float) -> list[str]:

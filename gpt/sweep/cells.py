@@ -191,7 +191,7 @@ def check_fractions(fractions: list[float] | None, sizes, lrs, init_seeds, confi
     names = [f"{f:g}" for f in fractions]
     if len(set(names)) != len(names):
         raise UserError(f"--token-fractions {' '.join(names)} names a fraction twice")
-    if not [f for f in fractions if f"{f:g}" != "1"]:
+    if not off_budget(fractions):
         raise UserError("--token-fractions 1 is the budget the grid trains already: give other fractions too (0.5 2)")
     for flag, given in (
         ("--sizes", sizes),
@@ -214,15 +214,18 @@ def check_fractions(fractions: list[float] | None, sizes, lrs, init_seeds, confi
 MAX_FRACTION = 16.0  # a token ladder's longest rung, in token budgets
 
 
+def off_budget(fractions: list[float]) -> list[float]:
+    """The fractions a token ladder trains: all but the budget itself (1, as its name spells it: the grid's cell)."""
+    return [f for f in fractions if f"{f:g}" != "1"]
+
+
 def ladder_cells(
     config: Path, norm_type: str, seeds: list[int], runs_dir: Path, overrides: list[str], fractions: list[float]
 ) -> list[Cell]:
     """The token ladder: ``norm_type`` (the baseline) trained to each of ``fractions`` of the token budget (the
     budget itself, 1, is the grid's own cell) with each seed, ``<config stem>-<norm-type>-t<fraction>-s<seed>``."""
     cells = []
-    for fraction in fractions:
-        if f"{fraction:g}" == "1":
-            continue
+    for fraction in off_budget(fractions):
         length = fraction_overrides(config, overrides, fraction)
         for seed in seeds:
             name = cell_name(config, norm_type, seed, fraction=fraction)

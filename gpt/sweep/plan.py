@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from gpt.analysis import power
 from gpt.common.errors import UserError
-from gpt.sweep.cells import Cell
+from gpt.sweep.cells import Cell, off_budget
 from gpt.sweep.spec import SweepSpec
 
 
@@ -52,7 +52,7 @@ def plan_lines(spec: SweepSpec, args) -> str:
     then = f", then {confirm} confirmation cell(s)" if confirm else ""
     ladder = spec.ladder_cells()
     if ladder:
-        work = sum(f for f in spec.token_fractions if f"{f:g}" != "1") * len(spec.seeds)
+        work = sum(off_budget(spec.token_fractions)) * len(spec.seeds)
         then += f", and the baseline's token ladder: {len(ladder)} cell(s), {work:.3g} budget runs of compute"
     out = [f"# plan: {len(cells)} cell(s){then}; nothing run"]
     if counts:

@@ -8,7 +8,7 @@ from gpt.analysis.comparable import compared_keys, named
 from gpt.analysis.runs import AXIS, Group, Run
 from gpt.analysis.selection import LR_KEY, optimism, select_rates
 from gpt.common.errors import UserError
-from gpt.config import DEFAULT_BASELINE, NORM_TYPES
+from gpt.config import DEFAULT_BASELINE, NORM_TYPES, norm_order
 
 
 def group_runs(runs: list[Run], vary: list[str] = ()) -> list[Group]:
@@ -27,11 +27,7 @@ def group_runs(runs: list[Run], vary: list[str] = ()) -> list[Group]:
                 + ", ".join(str(r.path) for r in g.runs)
             )
 
-    def order(g: Group):
-        norm = g.values[AXIS]
-        return (NORM_TYPES.index(norm) if norm in NORM_TYPES else len(NORM_TYPES), g.label)
-
-    return sorted(groups.values(), key=order)
+    return sorted(groups.values(), key=lambda g: (norm_order(g.values[AXIS]), g.label))
 
 
 def choose_baseline(groups: list[Group], baseline: str | None) -> tuple[str, str]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from gpt.analysis import results as results_table
 from gpt.common.errors import UserError
 from gpt.config import flatten
+from gpt.config.architecture import SITES, norm_label
 from gpt.evaluation.tasks import compared_tasks
 from gpt.run.directory import COMPLETED, DIVERGED, RunDir, read_eval_result
 from gpt.run.fingerprint import EVALUATION_INFORMATIONAL, computation
@@ -124,7 +125,7 @@ def load_run(
         ckpt = run.checkpoint(which)  # only a completed run has a final one
     except UserError:
         ckpt = None
-    config, summary = flatten(run.read_config()), run.summary() or {}
+    config, summary = axis_view(flatten(run.read_config())), run.summary() or {}
     start = config.get("data.test_offset", 0) if offset is None else offset
     span = None if tokens is None else (start, start + tokens)
     evaluation = read_eval_result(ckpt, split, precision, span) if ckpt is not None else None
@@ -132,6 +133,14 @@ def load_run(
     tasks = {k: v for k, v in tasks.items() if v}
     view = {**computation(config, summary.get("segments")), **evaluation_view(evaluation, tasks)}
     return Run(path, config, run.status(), summary, run.metrics(), evaluation, view, tasks)
+
+
+def axis_view(config: dict) -> dict:
+    """A run's flat config with its norms at every site as the one compared value (``architecture.norm_label``):
+    ``model.norm_type`` holds the label, and the sites' own keys are part of it, not keys of their own."""
+    model = {k.removeprefix("model."): v for k, v in config.items() if k.startswith("model.")}
+    sites = {f"model.{site}_norm_type" for site in SITES}
+    return {**{k: v for k, v in config.items() if k not in sites}, AXIS: norm_label(model)}
 
 
 def evaluation_view(evaluation: dict | None, tasks: dict) -> dict:

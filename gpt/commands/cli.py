@@ -18,7 +18,7 @@ from collections.abc import Callable
 from gpt.common.bounded import leave
 from gpt.common.errors import UserError, on_one_line
 from gpt.common.stops import StopNow
-from gpt.config import NORM_TYPES, Config, load_config
+from gpt.config import NORM_TYPES, Config, load_config, norm_label_arg
 
 USER_ERROR_EXIT = 2
 
@@ -91,11 +91,13 @@ def add_overrides(parser: argparse.ArgumentParser, what: str = "one config value
 
 
 def add_grid(parser: argparse.ArgumentParser, norm_types: list[str], seeds: list[int]) -> None:
-    """A grid's ``--norm-types`` (one of the registered norm types each) and ``--seeds``, with their defaults."""
+    """A grid's ``--norm-types`` (a registered norm type each, or one with sites of their own) and ``--seeds``,
+    with their defaults."""
     every = "all" if list(norm_types) == list(NORM_TYPES) else " ".join(norm_types)
     parser.add_argument(
-        "--norm-types", nargs="+", default=list(norm_types), choices=NORM_TYPES, metavar="NORM_TYPE",
-        help=f"default: {every} (of {', '.join(NORM_TYPES)})",
+        "--norm-types", nargs="+", default=list(norm_types), type=norm_label_arg, metavar="NORM_TYPE",
+        help=f"default: {every} (of {', '.join(NORM_TYPES)}); NORM_TYPE+SITE:NORM_TYPE gives a site (attn, mlp, "
+        "final) its own",
     )  # fmt: skip
     seeds_help = f"seeds of the initial weights and the data order together (default {' '.join(map(str, seeds))})"
     parser.add_argument("--seeds", nargs="+", type=int, default=list(seeds), help=seeds_help)

@@ -36,6 +36,8 @@ from gpt.config.schema import (
     OptimConfig,
     RunConfig,
     TrainConfig,
+    norm_label_arg,
+    norm_order,
 )
 
 __all__ = [
@@ -56,6 +58,8 @@ __all__ = [
     "RunConfig",
     "TrainConfig",
     "config_differences",
+    "norm_label_arg",
+    "norm_order",
     "config_from_dict",
     "config_to_dict",
     "describe_fields",

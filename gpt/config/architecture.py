@@ -61,7 +61,65 @@ _PLACED = {
     "pre": "pre-norm (each block: x + f(norm(x)), as GPT-2)",
     "post": "post-norm (each block: norm(x + f(x)), as the original Transformer)",
     "peri": "peri-norm (each block: x + norm(f(norm(x))), a norm before and after each sublayer)",
+    "reordered": "reordered norm (each block: x + norm(f(x)), OLMo 2's: a norm on each sublayer's output only)",
+    "mix": "Mix-LN (the first {} blocks post-norm, norm(x + f(x)); the rest pre-norm, x + f(norm(x)))",
 }
+SITES = ("attn", "mlp", "final")  # where a norm type of its own may sit: model.<site>_norm_type
+MIX_POST_FRACTION = 0.25  # Mix-LN's share of post-norm blocks (arXiv 2412.13795), rounded down
+
+
+def site_norm_type(m: Any, site: str) -> str:
+    """The norm type at ``site`` (attn, mlp, final) of model config ``m``: its own where set, else model.norm_type
+    (gpt.model.gpt has the model's copy of this rule: the shipped model imports no config)."""
+    return getattr(m, f"{site}_norm_type", None) or m.norm_type
+
+
+def norm_label(m: Any) -> str:
+    """What a comparison compares for model config ``m`` (an object, or a mapping by our keys): its norm type, then
+    ``+site:type`` for each site with a norm type of its own (``pytorch_rmsnorm+mlp:handrolled_layernorm``), so a
+    model's norms at every site are one value of one axis."""
+    own = [(site, _get(m, f"{site}_norm_type", None)) for site in SITES]
+    return "+".join([_get(m, "norm_type", None), *(f"{site}:{t}" for site, t in own if t is not None)])
+
+
+def label_keys(label: str) -> dict[str, str]:
+    """The model keys a ``norm_label`` stands for: ``{"norm_type": ..., "<site>_norm_type": ...}``; ValueError for
+    a label not of that form (the names themselves are the registry's to check)."""
+    first, *sites = label.split("+")
+    keys = {"norm_type": first}
+    for part in sites:
+        site, _, name = part.partition(":")
+        if site not in SITES or not name or f"{site}_norm_type" in keys:
+            raise ValueError(f"{label!r}: after the norm type, each +SITE:NORM_TYPE names one of {', '.join(SITES)}")
+        keys[f"{site}_norm_type"] = name
+    return keys
+
+
+def mix_post_default(n_layers: int) -> int:
+    """Mix-LN's post-norm blocks of a model ``n_layers`` deep: floor(0.25 x n_layers), the paper's."""
+    return int(MIX_POST_FRACTION * n_layers)
+
+
+def _sited(site: str) -> str:
+    return {"attn": "before attention (ln_1, and peri's ln_1_out)", "mlp": "before the MLP (ln_2, and peri's ln_2_out)",
+            "final": "before the head (ln_f)"}[site]  # fmt: skip
+
+
+def _site_option(site: str) -> Option:
+    return Option(
+        f"{site}_norm_type",
+        str | None,
+        None,
+        f"the norm type {_sited(site)}; null: model.norm_type. One that equals model.norm_type reads as null",
+        choices=NORM_TYPES,
+        hub=f"{site}_norm_type",
+        before=None,
+        gpt2=(None, "pytorch_layernorm", "handrolled_layernorm", "handrolled_layernorm_fast"),
+        words=lambda v, m: None if v is None else f"`{v}` {_sited(site)}",
+        phrase=lambda v, m: None if v is None else f"{site} {v}",
+    )
+
+
 _QK = {
     "none": "no QK-norm",
     "head": "QK-norm: `{}` over each head's queries and keys, one weight shared by the heads",
@@ -97,13 +155,39 @@ OPTIONS: tuple[Option, ...] = (
     Option("norm_eps", float, 1e-5, "eps of every norm that has one (hand-rolled and PyTorch alike)",
            bounds={"gt": 0}, hub="norm_eps"),
     Option("dyt_alpha_init", float, 0.5, "initial alpha of the dyt norm", bounds={"gt": 0}, hub="dyt_alpha_init"),
+    Option("derf_alpha_init", float, 0.5, "initial alpha of the derf norm (the Derf paper's: 0.5)", bounds={"gt": 0},
+           hub="derf_alpha_init"),
+    Option("derf_shift_init", float, 0.0, "initial shift s of the derf norm (the Derf paper's: 0)",
+           hub="derf_shift_init"),
+    *(_site_option(site) for site in SITES),
     Option(
         "norm_placement", str, "pre",
         "where each block's norms sit: pre: x + f(ln(x)) (GPT-2); post: ln(x + f(x)) (the original Transformer); "
-        "peri: x + ln_out(f(ln(x))) (Peri-LN: a norm before and after each sublayer, ln_1_out / ln_2_out)",
-        choices=("pre", "post", "peri"), hub="norm_placement", before="pre", gpt2=("pre",),
-        words=lambda v, m: _PLACED[v],
-        phrase=lambda v, m: None if v == "pre" else f"{v}-norm",
+        "peri: x + ln_out(f(ln(x))) (Peri-LN: a norm before and after each sublayer, ln_1_out / ln_2_out); "
+        "reordered: x + ln(f(x)) (OLMo 2: the norm on each sublayer's output, none on its input); mix: post in the "
+        "first model.mix_post_layers blocks, pre in the rest (Mix-LN)",
+        choices=("pre", "post", "peri", "reordered", "mix"), hub="norm_placement", before="pre", gpt2=("pre",),
+        words=lambda v, m: _PLACED[v].format(m.mix_post_layers),
+        phrase=lambda v, m: None
+        if v == "pre"
+        else f"mix-norm ({m.mix_post_layers} post)"
+        if v == "mix"
+        else f"{v}-norm",
+    ),
+    Option(
+        "mix_post_layers", int | None, None,
+        "norm_placement mix only: the first this many blocks are post-norm, the rest pre-norm; null: floor(0.25 x "
+        "n_layers), the Mix-LN paper's share (a config stores the number it reads as)",
+        bounds={"ge": 0}, hub="mix_post_layers", before=None,
+    ),
+    Option(
+        "norm_depth_scaling", str, "none",
+        "inverse_sqrt: each block norm's output times 1 / sqrt(l), l the block's depth from 1 (LayerNorm Scaling, "
+        "arXiv 2502.05795), under pre, peri or reordered; a constant of the architecture, in no state dict; none",
+        choices=("none", "inverse_sqrt"), hub="norm_depth_scaling", before="none", gpt2=("none",),
+        words=lambda v, m: "each block's norms scaled by 1 / sqrt(depth) (LayerNorm Scaling)"
+        if v == "inverse_sqrt" else None,
+        phrase=lambda v, m: "LayerNorm Scaling" if v == "inverse_sqrt" else None,
     ),
     Option(
         "final_norm", bool, True,
@@ -132,8 +216,9 @@ OPTIONS: tuple[Option, ...] = (
         "norm_compute_dtype", str, "float32",
         "the dtype a norm computes in under autocast: float32: every norm computes in fp32 and returns its input's "
         "dtype, so hand-rolled and PyTorch norms (which autocast runs in fp32) see the same input; input: its "
-        "input's (bf16 for peri's output norms and QK-norm, where hand-rolled norms then take their statistics in "
-        "bf16). Pre and post without QK-norm read the fp32 residual stream: there the two are the same model",
+        "input's (bf16 for peri's and reordered's output norms and QK-norm, where hand-rolled norms then take their "
+        "statistics in bf16). Pre, post and mix without QK-norm read the fp32 residual stream: there the two are the "
+        "same model",
         choices=("input", "float32"), hub="norm_compute_dtype", before="input",
         words=lambda v, m: "every norm computes in its input's dtype (bf16 where a matmul wrote it)"
         if v == "input" else None,
@@ -185,9 +270,22 @@ def upgrade(data: Mapping) -> dict:
             data.setdefault("qk_norm_type", data.get("norm_type", BY_KEY["norm_type"].default))
         else:
             data["qk_norm"] = "none"
-    moot = data.get("norm_placement", "pre") in ("pre", "post") and data.get("qk_norm", "none") == "none"
+    moot = data.get("norm_placement", "pre") in ("pre", "post", "mix") and data.get("qk_norm", "none") == "none"
     if moot and data.get("norm_compute_dtype") == "input":
         data["norm_compute_dtype"] = "float32"
+    return canonical(data)
+
+
+def canonical(data: dict) -> dict:
+    """One spelling per model, so that no two labels build one (a sweep would train it twice): a site's norm type
+    equal to model.norm_type reads as null, and Mix-LN's null count as the number it stands for."""
+    norm_type = data.get("norm_type", BY_KEY["norm_type"].default)
+    for site in SITES:
+        if data.get(f"{site}_norm_type") == norm_type:
+            data[f"{site}_norm_type"] = None
+    layers = data.get("n_layers", BY_KEY["n_layers"].default)
+    if data.get("norm_placement") == "mix" and data.get("mix_post_layers") is None and isinstance(layers, int):
+        data["mix_post_layers"] = mix_post_default(layers)
     return data
 
 

@@ -10,6 +10,7 @@ one-line errors) is ``gpt.config.loader``'s job.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import math
 import sys
@@ -57,6 +58,28 @@ NORM_PLACEMENTS = architecture.choices("norm_placement")  # where a block's norm
 QK_NORMS = architecture.choices("qk_norm")  # what QK-norm normalises over
 SCHEDULES = declared_keys(SCHEDULE_REGISTRY, "SHAPES")  # the learning-rate schedules
 PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def norm_label_arg(value: str) -> str:
+    """A ``--norm-types`` value (argparse's type): a registered norm type, or one with sites of their own
+    (``architecture.norm_label``: ``pytorch_rmsnorm+mlp:handrolled_layernorm``)."""
+    try:
+        names = architecture.label_keys(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    choices = _NormTypeChoices()
+    unknown = [name for name in names.values() if name not in choices]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"{unknown[0]!r} is not a norm type; choose from: {', '.join(choices)}")
+    return value
+
+
+def norm_order(label: str) -> tuple[int, str]:
+    """Where a norm label (``architecture.norm_label``) sorts: by its norm type in the registry's order (the
+    write-up's first), a label with sites of their own after its norm type's plain one; unknown names last."""
+    names = _NormTypeChoices()
+    first = label.split("+")[0]
+    return (list(names).index(first) if first in names else len(names), label)
 
 
 # What a resumed run may change (prefixes of dotted keys): how the run is named, stored, logged,
@@ -143,16 +166,59 @@ class ModelRules:
         # settings that cannot change the model are refused: a sweep would train one model under several names
         if self.qk_norm != "none" and self.qk_norm_type == "no_norm":
             fail(("qk_norm", "qk_norm_type"), "qk_norm_type no_norm builds no QK-norm; set model.qk_norm: none")
-        if self.norm_type == "no_norm":
-            same = "the pre-norm no_norm model (no norm to place)"
-            if self.norm_placement != "pre":
+        self._validate_sites(fail)
+        self._validate_placement(fail)
+
+    def _validate_sites(self, fail) -> None:
+        sites = [f"{site}_norm_type" for site in architecture.SITES if site != "final" or self.final_norm]
+        if all(getattr(self, key) is not None for key in sites):
+            fail(
+                ("norm_type", *sites),
+                f"{self.norm_type} is not built anywhere ({', '.join(f'model.{k}' for k in sites)} are all set); set "
+                "model.norm_type to one of them and drop that key",
+            )
+        if not self.final_norm and self.final_norm_type is not None:
+            fail("final_norm_type", "final_norm false builds no final norm; drop model.final_norm_type")
+        if not self.final_norm and architecture.site_norm_type(self, "final") == "no_norm":
+            fail(
+                ("norm_type", "final_norm"), "final_norm false with a no_norm final norm builds the same model: drop it"
+            )
+
+    def _validate_placement(self, fail) -> None:
+        placement = self.norm_placement
+        unnormed = {architecture.site_norm_type(self, s) for s in ("attn", "mlp")} == {"no_norm"}
+        if unnormed and placement != "pre":
+            fail(
+                ("norm_type", "norm_placement"),
+                f"norm_placement {placement} with norm_type no_norm in every block builds the pre-norm no_norm model "
+                "(no norm to place); train no_norm with norm_placement: pre (a sweep of its own)",
+            )
+        if placement != "mix" and self.mix_post_layers is not None:
+            fail("mix_post_layers", f"applies to norm_placement mix only (this is {placement}); drop it")
+        if placement == "mix" and self.mix_post_layers is not None:
+            k, n = self.mix_post_layers, self.n_layers
+            same = {0: "pre", n: "post"}.get(k) if k <= n else None
+            if k > n:
+                fail("mix_post_layers", f"{k} is more than model.n_layers={n}; choose 1 to {n - 1} (null: {n // 4})")
+            if same is not None:
                 fail(
-                    ("norm_type", "norm_placement"),
-                    f"norm_placement {self.norm_placement} with norm_type no_norm builds {same}; "
-                    "train no_norm with norm_placement: pre (a sweep of its own)",
+                    ("norm_placement", "mix_post_layers"),
+                    f"{k} of {n} post-norm blocks builds the {same}-norm model; set norm_placement: {same}, or "
+                    "model.mix_post_layers from 1 to n_layers - 1 (a model of 2 layers or more)",
                 )
-            if not self.final_norm:
-                fail(("norm_type", "final_norm"), f"final_norm false with norm_type no_norm builds {same}; drop it")
+        if self.norm_depth_scaling != "none":
+            why = (
+                f"norm_placement {placement}'s norms write the residual stream itself: LayerNorm Scaling scales a "
+                "sublayer's input or output; use pre, peri or reordered"
+                if placement in ("post", "mix")
+                else "no block has a norm to scale"
+                if unnormed
+                else "a model of one layer scales by 1 / sqrt(1): the same model as none"
+                if self.n_layers == 1
+                else None
+            )
+            if why is not None:
+                fail(("norm_placement", "norm_depth_scaling"), f"{self.norm_depth_scaling}: {why}")
 
     @classmethod
     def upgrade(cls, data: dict) -> dict:

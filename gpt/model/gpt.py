@@ -3,9 +3,10 @@
 Built from parts to whole: attention, MLP, block, model. Shapes: B batch, T sequence
 length, C = d_model, V = vocab_size, nh heads of hs = C / nh features each.
 
-Where the norms sit is ``cfg.norm_placement`` (pre, post or peri; see ``Block``), whether a final
-norm ``ln_f`` reads the last block's output is ``cfg.final_norm``, and ``cfg.qk_norm`` (none, head,
-full) adds a norm of ``cfg.qk_norm_type`` over the queries and keys (see ``CausalSelfAttention``).
+Where the norms sit is ``cfg.norm_placement`` (pre, post, peri, reordered or mix; see ``Block``), which norm
+type sits where is ``cfg.attn_norm_type`` / ``mlp_norm_type`` / ``final_norm_type`` (``cfg.norm_type`` where
+None), whether a final norm ``ln_f`` reads the last block's output is ``cfg.final_norm``, and ``cfg.qk_norm``
+(none, head, full) adds a norm of ``cfg.qk_norm_type`` over the queries and keys (see ``CausalSelfAttention``).
 Every placement keeps the names ``ln_1``, ``ln_2`` and ``ln_f`` and every non-norm parameter's
 name, so the placement changes no other weight's initial value. ``cfg.norm_compute_dtype`` float32 (the
 default) makes every norm compute in fp32 under autocast (``normed``).
@@ -124,29 +125,45 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Attention, then MLP, each on the residual stream; ``cfg.norm_placement`` says where the norms sit:
 
-    pre:  x = x + attn(ln_1(x));            x = x + mlp(ln_2(x))            (GPT-2; the default)
-    post: x = ln_1(x + attn(x));            x = ln_2(x + mlp(x))            (the original Transformer)
-    peri: x = x + ln_1_out(attn(ln_1(x)));  x = x + ln_2_out(mlp(ln_2(x)))  (Peri-LN: before and after)
+    pre:       x = x + attn(ln_1(x));            x = x + mlp(ln_2(x))            (GPT-2; the default)
+    post:      x = ln_1(x + attn(x));            x = ln_2(x + mlp(x))            (the original Transformer)
+    peri:      x = x + ln_1_out(attn(ln_1(x)));  x = x + ln_2_out(mlp(ln_2(x)))  (Peri-LN: before and after)
+    reordered: x = x + ln_1(attn(x));            x = x + ln_2(mlp(x))            (OLMo 2: after, inside the residual)
+    mix:       post in the first ``cfg.mix_post_layers`` blocks, pre in the rest  (Mix-LN)
+
+    ln_1 (and ln_1_out) is of ``cfg.attn_norm_type``, ln_2 (and ln_2_out) of ``cfg.mlp_norm_type``, each
+    ``cfg.norm_type`` where None. With ``cfg.norm_depth_scaling`` inverse_sqrt every norm's output is multiplied by
+    1 / sqrt(layer + 1) (LayerNorm Scaling): a Python float fixed at construction, part of the architecture like
+    the placement, so no state dict, meta-device init or checkpoint round trip can lose or change it.
     """
 
     def __init__(self, cfg, layer: int = 0):
         super().__init__()
         self.placement = cfg.norm_placement
-        if self.placement not in ("pre", "post", "peri"):  # the ones forward builds
-            raise ValueError(f"norm_placement {self.placement!r} has no block; these have: pre, post, peri")
+        if self.placement == "mix":  # each block is one of the two
+            if cfg.mix_post_layers is None:
+                raise ValueError("norm_placement mix needs model.mix_post_layers (a config gives it a number)")
+            self.placement = "post" if layer < cfg.mix_post_layers else "pre"
+        if self.placement not in PLACEMENTS:  # the ones forward builds
+            raise ValueError(
+                f"norm_placement {self.placement!r} has no block; these have: {', '.join(PLACEMENTS)}, mix"
+            )
         self.upcast = cfg.norm_compute_dtype == "float32"
-        self.ln_1 = make_norm(cfg)
+        self.scale = 1 / math.sqrt(layer + 1) if getattr(cfg, "norm_depth_scaling", "none") == "inverse_sqrt" else 1.0
+        attn_type, mlp_type = site_norm_type(cfg, "attn"), site_norm_type(cfg, "mlp")
+        self.ln_1 = make_norm(cfg, norm_type=attn_type)
         self.attn = CausalSelfAttention(cfg, layer)
         if self.placement == "peri":
-            self.ln_1_out = make_norm(cfg)  # on the attention's output, before it joins the residual stream
-        self.ln_2 = make_norm(cfg)
+            self.ln_1_out = make_norm(cfg, norm_type=attn_type)  # on the attention's output, before the stream
+        self.ln_2 = make_norm(cfg, norm_type=mlp_type)
         self.mlp = MLP(cfg)
         if self.placement == "peri":
-            self.ln_2_out = make_norm(cfg)  # on the MLP's output
+            self.ln_2_out = make_norm(cfg, norm_type=mlp_type)  # on the MLP's output
 
     def forward(self, x: torch.Tensor, *, ctx: Context) -> torch.Tensor:
         def n(norm, t):
-            return normed(norm, t, self.upcast)
+            out = normed(norm, t, self.upcast)
+            return out if self.scale == 1.0 else out * self.scale  # depth 1 (and none): not even a multiply
 
         def attn(t):
             return self.attn(t, ctx=ctx)
@@ -157,8 +174,19 @@ class Block(nn.Module):
         if self.placement == "peri":  # what each sublayer adds is normalised; the stream never is
             x = x + n(self.ln_1_out, attn(n(self.ln_1, x)))
             return x + n(self.ln_2_out, self.mlp(n(self.ln_2, x)))
+        if self.placement == "reordered":  # the sublayer reads the raw stream; its output is normalised
+            x = x + n(self.ln_1, attn(x))
+            return x + n(self.ln_2, self.mlp(x))
         x = x + attn(n(self.ln_1, x))
         return x + self.mlp(n(self.ln_2, x))
+
+
+PLACEMENTS = ("pre", "post", "peri", "reordered")  # a block's own; mix makes each block pre or post
+
+
+def site_norm_type(cfg, site: str) -> str:
+    """The norm type at ``site`` (attn, mlp, final): ``cfg.<site>_norm_type``, else ``cfg.norm_type``."""
+    return getattr(cfg, f"{site}_norm_type", None) or cfg.norm_type
 
 
 class KVCache:
@@ -227,7 +255,7 @@ class GPT(nn.Module):
             self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
             # the norm before the output head (model.final_norm), in every placement: after post-norm it
             # normalises the last block's normalised output again; without it the head reads that output
-            self.ln_f = make_norm(cfg) if cfg.final_norm else nn.Identity()
+            self.ln_f = make_norm(cfg, norm_type=site_norm_type(cfg, "final")) if cfg.final_norm else nn.Identity()
             self.upcast = cfg.norm_compute_dtype == "float32"
             self.lm_head = nn.Linear(cfg.d_model, rows, bias=False)
         if cfg.tie_weights:

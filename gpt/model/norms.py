@@ -20,6 +20,7 @@ anyway (see ``gpt.model.gpt``), so the choice of norm cannot shift any other wei
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,12 @@ class NormParam:
 # The parameters of the types registered below (several types share one, as eps).
 EPS = NormParam("norm_eps", 1e-5, "eps of every norm that has one (hand-rolled and PyTorch alike)", "eps")
 DYT_ALPHA = NormParam("dyt_alpha_init", 0.5, "initial alpha of the dyt norm", "alpha_init")
+DERF_ALPHA = NormParam("derf_alpha_init", 0.5, "initial alpha of the derf norm (the Derf paper's: 0.5)", "alpha_init")
+DERF_SHIFT = NormParam("derf_shift_init", 0.0, "initial shift s of the derf norm (the Derf paper's: 0)", "shift_init")
+
+# A squashing norm (DyT, Derf) is "saturated" where its function is within 3.6% of its asymptote: tanh past
+# |u| > 2 (tanh(2) = 0.964), erf past the u where erf reaches the same height (the statistics probe reads these).
+FLAT = math.tanh(2.0)
 
 
 # --------------------------------------------------------------------------- layers
@@ -111,17 +118,56 @@ class DyT(nn.Module):
     A normalisation-free replacement: no statistics over the vector are taken.
     """
 
+    flat_beyond = 2.0  # tanh(u) is within 3.6% of +-1 past |u| > 2 (FLAT)
+
     def __init__(self, dim: int, alpha_init: float = DYT_ALPHA.default):
         super().__init__()
         self.alpha = nn.Parameter(torch.tensor(float(alpha_init)))
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim))
 
+    def pre_activation(self, x: torch.Tensor) -> torch.Tensor:
+        """What the squashing function reads (the statistics probe's saturation)."""
+        return self.alpha * x
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.weight * torch.tanh(self.alpha * x) + self.bias
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, alpha_init={self.alpha.item():g}"
+
+
+class Derf(nn.Module):
+    """Dynamic erf (Chen, Lu, Zhu, Sun, Liu, arXiv 2512.10938): ``weight * erf(alpha * x + shift) + bias``.
+
+    alpha and shift (the paper's s) are learnable scalars shared by all features, starting at the paper's 0.5
+    and 0 (``alpha_init``, ``shift_init``); weight and bias are per feature, as DyT's. Like DyT it takes no
+    statistics over the vector: a point-wise function, bounded by the erf's +-1.
+    """
+
+    flat_beyond = float(torch.special.erfinv(torch.tensor(FLAT, dtype=torch.float64)))  # erf(1.48) = tanh(2)
+
+    def __init__(self, dim: int, alpha_init: float = DERF_ALPHA.default, shift_init: float = DERF_SHIFT.default):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.tensor(float(alpha_init)))
+        self.shift = nn.Parameter(torch.tensor(float(shift_init)))
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def pre_activation(self, x: torch.Tensor) -> torch.Tensor:
+        return self.alpha * x + self.shift
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * torch.erf(self.alpha * x + self.shift) + self.bias
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, alpha_init={self.alpha.item():g}, shift_init={self.shift.item():g}"
+
+
+def rmsnorm_noweight(dim: int, eps: float = EPS.default) -> nn.RMSNorm:
+    """Parameter-free RMSNorm: ``x / sqrt(mean(x**2) + eps)``, nn.RMSNorm without its weight (marin's
+    experiment; the nanoGPT speedrun's QK-norm)."""
+    return nn.RMSNorm(dim, eps=eps, elementwise_affine=False)
 
 
 def _cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
@@ -193,6 +239,19 @@ for _norm in (
     NormType("no_norm", nn.Identity, "no normalisation: the identity, no parameters"),
     NormType("dyt", DyT, "Dynamic Tanh: weight * tanh(alpha * x) + bias, alpha learnable", (DYT_ALPHA,)),
     NormType("handrolled_layernorm_fast", FastLayerNorm, "hand-rolled LayerNorm re-using x - mean", (EPS,)),
+    NormType(
+        "derf",
+        Derf,
+        "Dynamic erf: weight * erf(alpha * x + shift) + bias, alpha and shift learnable",
+        (DERF_ALPHA, DERF_SHIFT),
+    ),
+    NormType(
+        "rmsnorm_noweight",
+        rmsnorm_noweight,
+        "parameter-free RMSNorm: x / sqrt(mean(x^2) + eps), no weight",
+        (EPS,),
+        modules=(nn.RMSNorm,),
+    ),
 ):
     register_norm(_norm)
 

@@ -21,8 +21,8 @@ from gpt.analysis.scaling import NEEDS, seed_order
 from gpt.analysis.selection import LR_KEY
 from gpt.common.errors import UserError
 from gpt.common.files import read_json
-from gpt.config import DEFAULT_BASELINE, NORM_TYPES, Config, load_config
-from gpt.config.architecture import SEED_MAX
+from gpt.config import DEFAULT_BASELINE, Config, load_config, norm_order
+from gpt.config.architecture import SEED_MAX, label_keys
 from gpt.config.sizes import SIZE_KEY, SIZES, mixed_shapes
 from gpt.run.directory import COMPARISON_FILE, RunDir
 
@@ -64,7 +64,8 @@ def cell_name(
     rate = "" if lr is None else f"-lr{lr_text(lr)}"
     sized = f"-{size}" if size else ""
     part = "" if fraction is None else f"-t{fraction:g}"
-    return f"{Path(config).stem}{sized}-{norm_type.replace('_', '-')}{rate}{part}{init}-s{seed}"
+    norms = norm_type.replace("_", "-").replace("+", "-").replace(":", "-")  # a label with sites: each named
+    return f"{Path(config).stem}{sized}-{norms}{rate}{part}{init}-s{seed}"
 
 
 def sets_key(overrides: list[str], key: str) -> bool:
@@ -145,9 +146,10 @@ def lay_out(
 
 
 def _cell_keys(norm_type: str, seed: int, init: int | None, name: str, runs_dir: Path) -> list[str]:
-    """The overrides that make a cell its own: its norm type, seeds, name and folder."""
+    """The overrides that make a cell its own: its norm type (and any site's own: ``norm_label``), seeds, name and
+    folder."""
     return [
-        f"model.norm_type={norm_type}",
+        *(f"model.{key}={value}" for key, value in label_keys(norm_type).items()),
         f"train.seed={seed}",
         *([f"model.init_seed={init}"] if init is not None else []),
         f"run.name={name}",
@@ -164,7 +166,7 @@ def ladder_norm(norm_types: list[str], baseline: str | None) -> str:
                 f"{' '.join(norm_types)}; name one of them"
             )
         return baseline
-    return DEFAULT_BASELINE if DEFAULT_BASELINE in norm_types else min(norm_types, key=list(NORM_TYPES).index)
+    return DEFAULT_BASELINE if DEFAULT_BASELINE in norm_types else min(norm_types, key=norm_order)
 
 
 def fraction_overrides(config: Path, overrides: list[str], fraction: float) -> list[str]:

@@ -46,7 +46,7 @@ from gpt.model.gpt import Scores
 
 STATS_SEQUENCES = 4  # the extra forward pass reads this many sequences of the micro-batch (its logits: B x T x V)
 ATTENTION_SEQUENCES = 2  # the attention logits are (B, nh, T, T): measured on this many of those
-SATURATION = 2.0  # DyT's tanh(alpha x) is saturated past |alpha x| > 2 (tanh(2) = 0.96)
+SCALARS = ("alpha", "shift")  # a squashing norm's learnable scalars (DyT's alpha, Derf's alpha and shift)
 # each block's norms (ln_1_out, ln_2_out: peri-norm's, on each sublayer's output); the final one is ln_f
 BLOCK_NORMS = ("ln_1", "ln_2", "ln_1_out", "ln_2_out")
 QK_NORM_LAYERS = ("q_norm", "k_norm")  # QK-norm's, in a block's attention
@@ -166,6 +166,8 @@ class StatsProbe:
         self._gains([model.ln_f], "ln_f", out, per_block=False)
         for name in block_norms(model.blocks[0]):
             self._gains([getattr(block, name) for block in model.blocks], name, out)
+        if any(block.scale != 1.0 for block in model.blocks):  # LayerNorm Scaling: what each block's norms are
+            out["depth_scale"] = [block.scale for block in model.blocks]  # multiplied by after the *_rms above
         # fp16's loss scale, as the device holds it (get_scale() would wait for the device)
         scale = getattr(scaler, "_scale", None) if scaler is not None and scaler.is_enabled() else None
         out["loss_scale"] = scale.detach().reshape(()).clone() if scale is not None else None
@@ -232,8 +234,8 @@ class StatsProbe:
             def hook(module, args, out):
                 put(f"{name}_rms", _rms(out))
                 put(f"{name}_max", _abs_max(out))
-                if hasattr(module, "alpha"):  # DyT: how much of tanh(alpha x) sits on its flat tails
-                    saturated = (module.alpha * args[0]).abs_().gt_(SATURATION)  # 1 or 0, in place
+                if hasattr(module, "pre_activation"):  # DyT, Derf: how much of the squashing sits on its flat tails
+                    saturated = module.pre_activation(args[0]).abs_().gt_(module.flat_beyond)  # 1 or 0, in place
                     put(f"{name}_saturated", saturated.mean(dtype=torch.float32))
 
             return hook
@@ -266,14 +268,17 @@ class StatsProbe:
 
     @staticmethod
     def _gains(norms: list, name: str, out: dict, per_block: bool = True) -> None:
-        """The gain (mean, spread) and DyT's alpha of the norm ``name`` of each block (``norms``: one per block, a
-        list in the record each), or of the final norm (``per_block`` False: a number each), into ``out``."""
-        weights, alphas = [getattr(n, "weight", None) for n in norms], [getattr(n, "alpha", None) for n in norms]
+        """The gain (mean, spread) and the learnable scalars (``SCALARS``: DyT's and Derf's alpha, Derf's shift) of the
+        norm ``name`` of each block (``norms``: one per block, a list in the record each), or of the final norm
+        (``per_block`` False: a number each), into ``out``."""
+        weights = [getattr(n, "weight", None) for n in norms]
         if all(isinstance(w, torch.Tensor) for w in weights):
             w = (torch.stack(weights) if per_block else weights[0]).float()  # (blocks, C) or (C,)
             out[f"{name}_gain_mean"], out[f"{name}_gain_std"] = w.mean(-1), w.std(-1, correction=0)
-        if all(isinstance(a, torch.Tensor) for a in alphas):  # a copy: the record holds alpha before the update
-            out[f"{name}_alpha"] = (torch.stack(alphas) if per_block else alphas[0].clone()).float()
+        for scalar in SCALARS:  # a copy: the record holds the value before the update
+            values = [getattr(n, scalar, None) for n in norms]
+            if all(isinstance(a, torch.Tensor) for a in values):
+                out[f"{name}_{scalar}"] = (torch.stack(values) if per_block else values[0].clone()).float()
 
 
 # the hooks' keys that hold a list per block, even of one block

@@ -1,4 +1,4 @@
-"""Where the norm sits (model.norm_placement: pre, post, peri; model.final_norm) and QK-norm (model.qk_norm: none,
+"""Where the norm sits (model.norm_placement: pre, post, peri, reordered, mix; model.final_norm) and QK-norm (model.qk_norm: none,
 head, full, of model.qk_norm_type): each block computes its formula, no other weight moves, the default is the model
 as it was, a config written with ``qk_norm: true`` builds what it built, and the published model builds the same
 placement through transformers."""
@@ -29,6 +29,13 @@ LAYOUT = {
     k: BY_KEY[k].before for k in ("norm_placement", "final_norm", "qk_norm", "qk_norm_type", "norm_compute_dtype")
 }
 VARIANTS = [(p, qk) for p in NORM_PLACEMENTS for qk in QK_NORMS]  # every placement x QK-norm
+
+
+def placed(placement: str) -> dict:
+    """The model keys of ``placement``: mix with one post-norm block of the tiny models' two."""
+    return {"norm_placement": placement, "mix_post_layers": 1 if placement == "mix" else None}
+
+
 FAMILY = {"handrolled_layernorm": "layer", "pytorch_rmsnorm": "rms"}  # a LayerNorm and an RMSNorm member
 
 
@@ -83,9 +90,14 @@ def mlp_by_hand(mlp, h: torch.Tensor) -> torch.Tensor:
     return a @ mlp.proj.weight.T + mlp.proj.bias
 
 
-def block_by_hand(block, x: torch.Tensor, placement: str, family: str) -> torch.Tensor:
+def block_by_hand(block, x: torch.Tensor, placement: str, family: str, layer: int = 0, scaled=False) -> torch.Tensor:
+    """The block's formula; ``placement`` mix is post in block 0 (layer 0) and pre after (mix_post_layers 1), and
+    ``scaled`` multiplies every norm's output by 1 / sqrt(layer + 1) (LayerNorm Scaling)."""
+    if placement == "mix":
+        placement = "post" if layer < 1 else "pre"
+
     def n(norm, t):
-        return norm_by_hand(norm, t, family)
+        return norm_by_hand(norm, t, family) / (math.sqrt(layer + 1) if scaled else 1)
 
     def attn(t):
         return attention_by_hand(block.attn, t, family)
@@ -99,25 +111,38 @@ def block_by_hand(block, x: torch.Tensor, placement: str, family: str) -> torch.
     if placement == "post":
         x = n(block.ln_1, x + attn(x))
         return n(block.ln_2, x + mlp(x))
+    if placement == "reordered":  # OLMo 2
+        x = x + n(block.ln_1, attn(x))
+        return x + n(block.ln_2, mlp(x))
     x = x + n(block.ln_1_out, attn(n(block.ln_1, x)))
     return x + n(block.ln_2_out, mlp(n(block.ln_2, x)))
 
 
 @pytest.mark.parametrize("norm_type", sorted(FAMILY))
-@pytest.mark.parametrize("placement,qk_norm", VARIANTS)
-def test_each_block_computes_its_placement_s_formula(tiny_model_cfg, norm_type, placement, qk_norm):
-    cfg = tiny_model_cfg(norm_type=norm_type, norm_placement=placement, qk_norm=qk_norm, qkv_bias=True)
+@pytest.mark.parametrize(
+    "placement,qk_norm,scaling",
+    [(p, qk, "none") for p, qk in VARIANTS]  # LayerNorm Scaling where it is defined (not with post's norms)
+    + [(p, qk, "inverse_sqrt") for p, qk in VARIANTS if p not in ("post", "mix")],
+)
+def test_each_block_computes_its_placement_s_formula(tiny_model_cfg, norm_type, placement, qk_norm, scaling):
+    cfg = tiny_model_cfg(
+        norm_type=norm_type, **placed(placement), qk_norm=qk_norm, qkv_bias=True, norm_depth_scaling=scaling
+    )
     model = jitter_norms(GPT(cfg, seed=4).double().eval())
     x = 2 * torch.randn(3, 16, 32, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
-    block = model.blocks[1]
+    scaled = scaling == "inverse_sqrt"
     with torch.no_grad():
-        ours, by_hand = block(x, ctx=Context()), block_by_hand(block, x, placement, FAMILY[norm_type])
-        assert (ours - by_hand).abs().max().item() < 1e-10
+        for layer, block in enumerate(model.blocks):
+            ours, by_hand = (
+                block(x, ctx=Context()),
+                block_by_hand(block, x, placement, FAMILY[norm_type], layer, scaled),
+            )
+            assert (ours - by_hand).abs().max().item() < 1e-10
         # the whole model too: embeddings, the blocks by hand, the final norm, the head
         idx = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(6))
         h = model.wte(idx) + model.wpe(torch.arange(16))
-        for b in model.blocks:
-            h = block_by_hand(b, h, placement, FAMILY[norm_type])
+        for layer, b in enumerate(model.blocks):
+            h = block_by_hand(b, h, placement, FAMILY[norm_type], layer, scaled)
         logits = norm_by_hand(model.ln_f, h, FAMILY[norm_type]) @ model.lm_head.weight.T
         assert (model(idx)[0] - logits).abs().max().item() < 1e-10
 
@@ -125,14 +150,16 @@ def test_each_block_computes_its_placement_s_formula(tiny_model_cfg, norm_type, 
 @pytest.mark.parametrize("qk_norm", ["head", "full"])
 @pytest.mark.parametrize("placement", NORM_PLACEMENTS)
 def test_qk_norm_sits_before_the_cache_so_cached_keys_are_normalised(tiny_model_cfg, placement, qk_norm):
-    cfg = tiny_model_cfg(norm_type="handrolled_layernorm", norm_placement=placement, qk_norm=qk_norm, context_length=32)
+    cfg = tiny_model_cfg(norm_type="handrolled_layernorm", **placed(placement), qk_norm=qk_norm, context_length=32)
     model = jitter_norms(GPT(cfg, seed=4).double().eval())
     idx = torch.randint(0, 97, (2, 10), generator=torch.Generator().manual_seed(7))
     cache = KVCache()
     with torch.no_grad():
         model(idx, cache=cache)
         x = model.wte(idx) + model.wpe(torch.arange(10))
-        h = x if placement == "post" else model.blocks[0].ln_1(x)  # what block 0's attention reads
+        h = (
+            x if placement in ("post", "reordered", "mix") else model.blocks[0].ln_1(x)
+        )  # what block 0's attention reads
         _, k, v = heads_by_hand(model.blocks[0].attn, h)
     assert (cache.layers[0][0] - k).abs().max().item() < 1e-12  # normalised keys: k_norm's output
     assert (cache.layers[0][1] - v).abs().max().item() < 1e-12
@@ -151,7 +178,7 @@ def test_qk_norm_sits_before_the_cache_so_cached_keys_are_normalised(tiny_model_
 def test_non_norm_parameters_are_bitwise_the_same_in_every_placement_and_qk_norm(tiny_model_cfg, norm_type, init):
     states = {}
     for placement, qk_norm in VARIANTS:
-        cfg = tiny_model_cfg(norm_type=norm_type, init=init, norm_placement=placement, qk_norm=qk_norm)
+        cfg = tiny_model_cfg(norm_type=norm_type, init=init, **placed(placement), qk_norm=qk_norm)
         model = GPT(cfg, seed=123)
         norms = model.norm_parameter_names()
         names = {n for n, _ in model.named_parameters()}
@@ -178,7 +205,7 @@ def test_the_norms_each_placement_and_qk_norm_add(tiny_model_cfg):
         per_norm = {"handrolled_layernorm": 2, "pytorch_rmsnorm": 1, "dyt": 2, "no_norm": 0}[norm_type]
         scalar = 1 if norm_type == "dyt" else 0  # DyT's alpha
         for placement, qk_norm in VARIANTS:
-            model = GPT(tiny_model_cfg(norm_type=norm_type, norm_placement=placement, qk_norm=qk_norm))
+            model = GPT(tiny_model_cfg(norm_type=norm_type, **placed(placement), qk_norm=qk_norm))
             # QK-norm: two RMSNorms (model.qk_norm_type's default) per layer, a head wide or the whole projection
             extra = (2 * L * (per_norm * C + scalar) if placement == "peri" else 0) + (
                 2 * L * {"none": 0, "head": hs, "full": C}[qk_norm]
@@ -213,7 +240,7 @@ def test_make_norm_takes_a_width(norm_type):
 def test_hand_rolled_and_pytorch_norms_give_the_same_logits_in_every_placement(
     tiny_model_cfg, pair, placement, qk_norm
 ):
-    ours, theirs = (GPT(tiny_model_cfg(norm_type=n, norm_placement=placement, qk_norm=qk_norm)).eval() for n in pair)
+    ours, theirs = (GPT(tiny_model_cfg(norm_type=n, **placed(placement), qk_norm=qk_norm)).eval() for n in pair)
     jitter_norms(ours, seed=9)
     theirs.load_state_dict(ours.state_dict())  # the same weights: only the norm's implementation differs
     idx = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(2))
@@ -429,17 +456,16 @@ def test_weight_conversion_to_gpt2_refuses_what_gpt2_cannot_compute(tiny_model_c
     [
         (
             ["model.norm_type=no_norm", "model.norm_placement=post"],
-            "model.norm_placement: norm_placement post with norm_type no_norm builds the pre-norm no_norm model (no "
-            "norm to place); train no_norm with norm_placement: pre (a sweep of its own)",
+            "model.norm_placement: norm_placement post with norm_type no_norm in every block builds the pre-norm "
+            "no_norm model (no norm to place); train no_norm with norm_placement: pre (a sweep of its own)",
         ),
         (
             ["model.norm_placement=peri", "model.norm_type=no_norm"],
-            "model.norm_type: norm_placement peri with norm_type no_norm builds the pre-norm no_norm model",
+            "model.norm_type: norm_placement peri with norm_type no_norm in every block builds the pre-norm no_norm",
         ),
         (
             ["model.norm_type=no_norm", "model.final_norm=false"],
-            "model.final_norm: final_norm false with norm_type no_norm builds the pre-norm no_norm model (no norm "
-            "to place); drop it",
+            "model.final_norm: final_norm false with a no_norm final norm builds the same model: drop it",
         ),
         (
             ["model.qk_norm=head", "model.qk_norm_type=no_norm"],
@@ -478,7 +504,9 @@ def test_a_config_written_with_qk_norm_true_builds_what_it_built(tmp_path):
     assert load_config(old, ["model.qk_norm_type=pytorch_rmsnorm"]).model.qk_norm_type == "pytorch_rmsnorm"
 
 
-@pytest.mark.parametrize("placement,qk_norm", [("pre", "none"), ("peri", "none"), ("pre", "head"), ("peri", "full")])
+@pytest.mark.parametrize(
+    "placement,qk_norm", [("pre", "none"), ("peri", "none"), ("reordered", "none"), ("pre", "head"), ("peri", "full")]
+)
 def test_norm_compute_dtype_float32_removes_the_hand_rolled_vs_fused_difference_under_bf16_autocast(
     tiny_model_cfg, placement, qk_norm
 ):
@@ -495,7 +523,7 @@ def test_norm_compute_dtype_float32_removes_the_hand_rolled_vs_fused_difference_
             with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
                 a, b = (m(idx)[0].float() for m in (ours, theirs))
             differ[dtype, pair[0]] = (a != b).float().mean().item()  # the share of logits that differ
-    bf16_inputs = placement == "peri" or qk_norm != "none"
+    bf16_inputs = placement in ("peri", "reordered") or qk_norm != "none"  # a norm reads a sublayer's output
     for (dtype, _), share in differ.items():
         assert (share > 0.2) if (bf16_inputs and dtype == "input") else (share < 0.01), differ
 

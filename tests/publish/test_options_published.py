@@ -22,6 +22,13 @@ from gpt.publish.hub_api import HubError
 from gpt.publish.layouts import Layout, export_weights
 
 SHAPE = dict(vocab_size=97, context_length=16, d_model=32, n_layers=2, n_heads=4)  # none of them the default
+# Options whose values exclude each other's (a rule of ModelConfig.validate): the first model leaves these as they
+# are said here, the second sets them; every exported option is away from its default in one of the two.
+FIRST = {"mlp_norm_type": None, "final_norm_type": None, "norm_depth_scaling": "none"}  # final_norm false, mix
+SECOND = {
+    "norm_placement": "reordered", "mix_post_layers": None, "final_norm": True, "final_norm_type": "dyt",
+    "norm_depth_scaling": "inverse_sqrt", "attn_norm_type": None, "mlp_norm_type": "handrolled_layernorm_fast",
+}  # fmt: skip
 
 
 def other_value(option):
@@ -32,37 +39,44 @@ def other_value(option):
     if option.type is bool:
         return not option.default
     if option.type is float:
-        return option.default * 1.5
+        return option.default * 1.5 if option.default else 0.25
+    if option.choices is None:  # a count: mix_post_layers, of SHAPE's 2 layers
+        return 1
     listed = list(NORMS) if option.choices == NORM_TYPES else list(option.choices)
     others = [v for v in listed if v not in avoid] or [v for v in listed if v != option.default]
-    return others[-1]  # (where the default and the absent key's reading are all the choices: not the default)
+    return others[-2 if option.key.endswith("_norm_type") and option.key != "qk_norm_type" else -1]  # (where the default and the absent key's reading are all the choices: not the default)
 
 
-def published_config() -> Config:
+def published_config(then: dict) -> Config:
     cfg = Config()
     cfg.run.name, cfg.train.steps = "every-option", 10
     for option in OPTIONS:
         if option.hub is not None:
             setattr(cfg.model, option.key, other_value(option))
+    for key, value in then.items():
+        setattr(cfg.model, key, value)
     cfg.validate(lambda key, msg: pytest.fail(f"the published model's options break a rule: {key}: {msg}"))
     return cfg
 
 
 @pytest.fixture(scope="module")
 def every_option(tmp_path_factory):
-    """A model with every exported option at a value of its own, published as push_to_hub does, and loaded back
-    with transformers' Auto classes."""
+    """Two models with every exported option at a value of its own in one of them (FIRST, SECOND), each published
+    as push_to_hub does and loaded back with transformers' Auto classes."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    tmp = tmp_path_factory.mktemp("every-option")
-    cfg = published_config()
-    cfg.run.dir = str(tmp / "run")
-    model = GPT(cfg.model, seed=5).eval()
-    folder = tmp / "every_option_export"  # a module name for transformers' remote-code cache
-    export_checkpoint(checkpoint(cfg, model), folder, "me/every-option")
-    hub_config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
-    hub_model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
-    return cfg, model, json.loads((folder / "config.json").read_text()), hub_config, hub_model
+    out = []
+    for i, then in enumerate((FIRST, {**FIRST, **SECOND})):
+        tmp = tmp_path_factory.mktemp(f"every-option-{i}")
+        cfg = published_config(then)
+        cfg.run.dir = str(tmp / "run")
+        model = GPT(cfg.model, seed=5).eval()
+        folder = tmp / f"every_option_export_{i}"  # a module name for transformers' remote-code cache
+        export_checkpoint(checkpoint(cfg, model), folder, "me/every-option")
+        hub_config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
+        hub_model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+        out.append((cfg, model, json.loads((folder / "config.json").read_text()), hub_config, hub_model))
+    return out
 
 
 def test_every_option_is_exported_or_said_not_to_be():
@@ -73,18 +87,21 @@ def test_every_option_is_exported_or_said_not_to_be():
 
 
 def test_every_exported_option_round_trips_through_transformers(every_option):
-    cfg, model, config_json, hub_config, hub_model = every_option
-    for option in OPTIONS:
-        if option.hub is None:
-            continue
-        value = getattr(cfg.model, option.key)
-        assert config_json[option.hub] == value, option.key  # written
-        assert getattr(hub_config, option.hub) == value, option.key  # read by AutoConfig
-        assert from_hub(hub_config)[option.key] == value, option.key  # and by the model the wrapper builds
-        assert getattr(hub_model.gpt.cfg, option.key) == value, option.key
-    idx = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        assert torch.allclose(hub_model(idx).logits, model(idx)[0], atol=1e-5, rtol=0)
+    for cfg, model, config_json, hub_config, hub_model in every_option:
+        for option in OPTIONS:
+            if option.hub is None:
+                continue
+            value = getattr(cfg.model, option.key)
+            assert config_json[option.hub] == value, option.key  # written
+            assert getattr(hub_config, option.hub) == value, option.key  # read by AutoConfig
+            assert from_hub(hub_config)[option.key] == value, option.key  # and by the model the wrapper builds
+            assert getattr(hub_model.gpt.cfg, option.key) == value, option.key
+        idx = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            assert torch.allclose(hub_model(idx).logits, model(idx)[0], atol=1e-5, rtol=0)
+    # every exported option is away from its default in one of the two
+    away = {o.key for o in OPTIONS for c in every_option if getattr(c[0].model, o.key) != o.default}
+    assert away == {o.key for o in OPTIONS if o.hub is not None} - set(SHAPE) | (away & set(SHAPE))
 
 
 def test_a_config_json_without_an_option_reads_as_the_model_it_built():
@@ -114,6 +131,7 @@ def test_a_native_gpt2_export_of_a_value_gpt2_does_not_compute_is_refused_in_one
         setattr(cfg.model, k, v)
     cfg.model.norm_type = "pytorch_layernorm"
     setattr(cfg.model, key, value)
+    cfg.model.mix_post_layers = 1 if value == "mix" else None
     with pytest.raises(HubError) as refused:
         export_weights(cfg, GPT(cfg.model).state_dict(), Layout.NATIVE_GPT2)
     message = str(refused.value)

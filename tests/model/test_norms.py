@@ -133,6 +133,8 @@ EXPECTED = {
     "no_norm": (set(), lambda x, n: x),
     "dyt": ({"alpha", "weight", "bias"}, lambda x, n: n.weight * torch.tanh(n.alpha * x) + n.bias),
     "handrolled_layernorm_fast": ({"weight", "bias"}, layer_norm),
+    "derf": ({"alpha", "shift", "weight", "bias"}, lambda x, n: n.weight * torch.erf(n.alpha * x + n.shift) + n.bias),
+    "rmsnorm_noweight": (set(), lambda x, n: F.rms_norm(x, x.shape[-1:], None, eps=n.eps)),
 }
 
 

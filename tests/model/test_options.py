@@ -44,6 +44,8 @@ def fitting(key: str, value) -> dict:
         settings["qk_norm"] = "head" if value != "no_norm" else "none"
     if key == "size":
         settings = {"size": value}  # it sets the shape itself
+    if value == "mix":  # Mix-LN's default share, 0.25 of the depth, is one post-norm block of four
+        settings["n_layers"] = 4
     return settings
 
 

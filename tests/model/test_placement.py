@@ -1,7 +1,7 @@
-"""Where the norm sits (model.norm_placement: pre, post, peri, reordered, mix; model.final_norm) and QK-norm (model.qk_norm: none,
-head, full, of model.qk_norm_type): each block computes its formula, no other weight moves, the default is the model
-as it was, a config written with ``qk_norm: true`` builds what it built, and the published model builds the same
-placement through transformers."""
+"""Where the norm sits (model.norm_placement: pre, post, peri, reordered, mix; model.final_norm) and QK-norm
+(model.qk_norm: none, head, full, of model.qk_norm_type): each block computes its formula, no other weight moves,
+the default is the model as it was, a config written with ``qk_norm: true`` builds what it built, and the published
+model builds the same placement through transformers."""
 
 import json
 import math
@@ -36,7 +36,8 @@ def placed(placement: str) -> dict:
     return {"norm_placement": placement, "mix_post_layers": 1 if placement == "mix" else None}
 
 
-FAMILY = {"handrolled_layernorm": "layer", "pytorch_rmsnorm": "rms"}  # a LayerNorm and an RMSNorm member
+# a LayerNorm and an RMSNorm member, and the newest: Derf (a point-wise erf) and the parameter-free RMSNorm
+FAMILY = {"handrolled_layernorm": "layer", "pytorch_rmsnorm": "rms", "derf": "derf", "rmsnorm_noweight": "rms0"}
 
 
 def jitter_norms(model: GPT, seed: int = 0) -> GPT:
@@ -53,11 +54,15 @@ def jitter_norms(model: GPT, seed: int = 0) -> GPT:
 
 
 def norm_by_hand(norm: nn.Module, x: torch.Tensor, family: str) -> torch.Tensor:
+    """Each paper's formula: LayerNorm, RMSNorm (with its weight or none), Derf: gamma * erf(alpha x + s) + beta."""
     if family == "layer":
         mean = x.mean(-1, keepdim=True)
         var = ((x - mean) ** 2).mean(-1, keepdim=True)
         return (x - mean) / torch.sqrt(var + norm.eps) * norm.weight + norm.bias
-    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + norm.eps) * norm.weight
+    if family == "derf":
+        return norm.weight * torch.special.erf(norm.alpha * x + norm.shift) + norm.bias
+    unit = x / torch.sqrt((x * x).mean(-1, keepdim=True) + norm.eps)
+    return unit if family == "rms0" else unit * norm.weight
 
 
 def heads_by_hand(attn, h: torch.Tensor, family: str = "rms"):

@@ -44,7 +44,9 @@ def other_value(option):
         return 1
     listed = list(NORMS) if option.choices == NORM_TYPES else list(option.choices)
     others = [v for v in listed if v not in avoid] or [v for v in listed if v != option.default]
-    return others[-2 if option.key.endswith("_norm_type") and option.key != "qk_norm_type" else -1]  # (where the default and the absent key's reading are all the choices: not the default)
+    # (where the default and the absent key's reading are all the choices: not the default); a site's norm type
+    # another than the blocks' own (which would read as null)
+    return others[-2 if option.key.endswith("_norm_type") and option.key != "qk_norm_type" else -1]
 
 
 def published_config(then: dict) -> Config:

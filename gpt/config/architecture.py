@@ -62,7 +62,7 @@ _PLACED = {
     "post": "post-norm (each block: norm(x + f(x)), as the original Transformer)",
     "peri": "peri-norm (each block: x + norm(f(norm(x))), a norm before and after each sublayer)",
     "reordered": "reordered norm (each block: x + norm(f(x)), OLMo 2's: a norm on each sublayer's output only)",
-    "mix": "Mix-LN (the first {} blocks post-norm, norm(x + f(x)); the rest pre-norm, x + f(norm(x)))",
+    "mix": "Mix-LN (post-norm, norm(x + f(x)), in the first {}; pre-norm, x + f(norm(x)), in the rest)",
 }
 SITES = ("attn", "mlp", "final")  # where a norm type of its own may sit: model.<site>_norm_type
 MIX_POST_FRACTION = 0.25  # Mix-LN's share of post-norm blocks (arXiv 2412.13795), rounded down
@@ -101,7 +101,7 @@ def mix_post_default(n_layers: int) -> int:
 
 
 def _sited(site: str) -> str:
-    return {"attn": "before attention (ln_1, and peri's ln_1_out)", "mlp": "before the MLP (ln_2, and peri's ln_2_out)",
+    return {"attn": "at attention (ln_1, and peri's ln_1_out)", "mlp": "at the MLP (ln_2, and peri's ln_2_out)",
             "final": "before the head (ln_f)"}[site]  # fmt: skip
 
 
@@ -167,7 +167,7 @@ OPTIONS: tuple[Option, ...] = (
         "reordered: x + ln(f(x)) (OLMo 2: the norm on each sublayer's output, none on its input); mix: post in the "
         "first model.mix_post_layers blocks, pre in the rest (Mix-LN)",
         choices=("pre", "post", "peri", "reordered", "mix"), hub="norm_placement", before="pre", gpt2=("pre",),
-        words=lambda v, m: _PLACED[v].format(m.mix_post_layers),
+        words=lambda v, m: _PLACED[v].format(f"{m.mix_post_layers} block{'' if m.mix_post_layers == 1 else 's'}"),
         phrase=lambda v, m: None
         if v == "pre"
         else f"mix-norm ({m.mix_post_layers} post)"

@@ -132,9 +132,10 @@ class Block(nn.Module):
     mix:       post in the first ``cfg.mix_post_layers`` blocks, pre in the rest  (Mix-LN)
 
     ln_1 (and ln_1_out) is of ``cfg.attn_norm_type``, ln_2 (and ln_2_out) of ``cfg.mlp_norm_type``, each
-    ``cfg.norm_type`` where None. With ``cfg.norm_depth_scaling`` inverse_sqrt every norm's output is multiplied by
-    1 / sqrt(layer + 1) (LayerNorm Scaling): a Python float fixed at construction, part of the architecture like
-    the placement, so no state dict, meta-device init or checkpoint round trip can lose or change it.
+    ``cfg.norm_type`` where None. With ``cfg.norm_depth_scaling`` inverse_sqrt every norm's output (a no_norm site
+    has none) is multiplied by 1 / sqrt(layer + 1) (LayerNorm Scaling): a Python float fixed at construction, part
+    of the architecture like the placement, so no state dict, meta-device init or checkpoint round trip can lose or
+    change it.
     """
 
     def __init__(self, cfg, layer: int = 0):
@@ -163,7 +164,9 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, *, ctx: Context) -> torch.Tensor:
         def n(norm, t):
             out = normed(norm, t, self.upcast)
-            return out if self.scale == 1.0 else out * self.scale  # depth 1 (and none): not even a multiply
+            if self.scale == 1.0 or isinstance(norm, nn.Identity):  # depth 1, none, a no_norm site: no multiply
+                return out
+            return out * self.scale
 
         def attn(t):
             return self.attn(t, ctx=ctx)

@@ -107,6 +107,16 @@ def test_mix_at_its_ends_is_pre_and_post_and_depth_scaling_at_depth_one_changes_
         assert torch.equal(logits(**one, norm_depth_scaling="inverse_sqrt"), logits(**one)), placement
     scaled = GPT(tiny_model_cfg(n_layers=3, norm_depth_scaling="inverse_sqrt"))
     assert [b.scale for b in scaled.blocks] == [1.0, 1 / math.sqrt(2), 1 / math.sqrt(3)]
+    # a no_norm site has no norm to scale: with the attention's unnormed, only the MLP's norm is scaled
+    kw = {"n_layers": 3, "attn_norm_type": "no_norm"}
+    half, whole = logits(**kw, norm_depth_scaling="inverse_sqrt"), logits(**kw)
+    block = GPT(tiny_model_cfg(**kw, norm_depth_scaling="inverse_sqrt"), seed=7).blocks[2]
+    x = torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        h = x + block.attn(x, ctx=Context())  # no norm, no scale
+        assert block.scale == 1 / math.sqrt(3)
+        assert torch.equal(block(x, ctx=Context()), h + block.mlp(block.ln_2(h) * block.scale))
+    assert not torch.equal(half, whole)
 
 
 def test_the_depth_scale_is_a_constant_no_meta_init_or_checkpoint_round_trip_loses(tiny_model_cfg, tmp_path):

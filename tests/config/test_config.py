@@ -298,3 +298,12 @@ def test_every_norm_type_trains_the_same_steps_and_tokens(monkeypatch):
             p.numel() for n, p in model.named_parameters() if n in model.norm_parameter_names()
         )
     assert set(lengths.values()) == {(33_157, 3_259_465_728)}, lengths  # 20 x 162,971,136 tokens, rounded up
+
+
+def test_the_newest_norms_study_is_the_ladder_at_its_top_rung():
+    # docs/studies.md's study of the newest norms and placements: configs/ladder.yaml at 4x64, where Mix-LN's
+    # default share (floor(0.25 x 4)) is one post-norm block; its sweeps give the rest by --norm-types and --set
+    base, cfg = load_config(CONFIGS / "ladder.yaml"), load_config(CONFIGS / "newest.yaml")
+    assert (cfg.model.size, cfg.model.n_layers, cfg.run.name) == ("4x64", 4, "newest")
+    assert dataclasses.replace(cfg, run=base.run) == load_config(CONFIGS / "ladder.yaml", ["model.size=4x64"])
+    assert load_config(CONFIGS / "newest.yaml", ["model.norm_placement=mix"]).model.mix_post_layers == 1

@@ -393,19 +393,25 @@ def published(tmp_path, cfg: Config, model: GPT, old_config=False):
 
 
 @pytest.mark.slow
-def test_a_peri_norm_qk_norm_model_reloads_through_transformers_and_generates_the_same(tmp_path):
+def test_peri_reordered_and_qk_norm_models_reload_through_transformers_and_generate_the_same(tmp_path):
     ids = torch.randint(0, 97, (2, 6), generator=torch.Generator().manual_seed(8))
     cfg = run_config(tmp_path, "dyt", "peri", "full")
     model = jitter_norms(GPT(cfg.model, seed=3).eval())
     pre_cfg = run_config(tmp_path / "pre", "pytorch_rmsnorm")
     pre = jitter_norms(GPT(pre_cfg.model, seed=3).eval())
+    # the newest: OLMo 2's reordered norm of Derf, LayerNorm Scaling, a parameter-free RMSNorm at the MLP
+    new_cfg = run_config(tmp_path / "new", "derf", "reordered", "full")
+    new_cfg.model.norm_depth_scaling, new_cfg.model.mlp_norm_type = "inverse_sqrt", "rmsnorm_noweight"
+    new = jitter_norms(GPT(new_cfg.model, seed=3).eval())
     folders = [published(tmp_path, cfg, model), published(tmp_path / "pre", pre_cfg, pre, old_config=True)]
+    folders.append(published(tmp_path / "new", new_cfg, new))
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     argv = [sys.executable, "-c", HF_LOAD, json.dumps([str(f) for f in folders]), json.dumps(ids.tolist())]
     out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     results = json.loads(out.stdout.splitlines()[-1])
-    for folder, ours, placement, qk_norm in ((folders[0], model, "peri", "full"), (folders[1], pre, "pre", "none")):
+    built = ((model, "peri", "full"), (pre, "pre", "none"), (new, "reordered", "full"))
+    for folder, (ours, placement, qk_norm) in zip(folders, built, strict=True):
         got = results[str(folder)]
         assert (got["placement"], got["qk_norm"]) == (placement, qk_norm)  # the same placement was built
         with torch.no_grad():

@@ -278,7 +278,10 @@ def upgrade(data: Mapping) -> dict:
 
 def canonical(data: dict) -> dict:
     """One spelling per model, so that no two labels build one (a sweep would train it twice): a site's norm type
-    equal to model.norm_type reads as null, and Mix-LN's null count as the number it stands for."""
+    equal to model.norm_type reads as null, QK-norm's type without a QK-norm as the default, and Mix-LN's null count
+    as the number it stands for."""
+    if data.get("qk_norm", "none") == "none" and "qk_norm_type" in data:
+        data["qk_norm_type"] = BY_KEY["qk_norm_type"].default
     norm_type = data.get("norm_type", BY_KEY["norm_type"].default)
     for site in SITES:
         if data.get(f"{site}_norm_type") == norm_type:

@@ -44,6 +44,26 @@ def declared_norm_types(source: Path = NORM_REGISTRY) -> tuple[str, ...]:
     return tuple(c.args[0].value for c in calls if c.args and isinstance(c.args[0], ast.Constant))
 
 
+def declared_norm_params(source: Path = NORM_REGISTRY) -> dict[str, tuple[str, ...]]:
+    """The config keys of each declared norm type's parameters (``NormType("name", build, doc, (PARAM, ...))`` with
+    ``PARAM = NormParam("key", ...)``), by a parse of the registry's source, as ``declared_norm_types``."""
+    tree = ast.parse(source.read_text(encoding="utf-8"), str(source))
+    keys = {
+        node.targets[0].id: node.value.args[0].value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+        and getattr(node.value.func, "id", None) == "NormParam" and isinstance(node.targets[0], ast.Name)
+    }  # fmt: skip
+    out = {}
+    for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "NormType"):
+        params = (
+            call.args[3] if len(call.args) > 3 else next((k.value for k in call.keywords if k.arg == "params"), None)
+        )
+        names = [e.id for e in getattr(params, "elts", []) if isinstance(e, ast.Name)]
+        out[call.args[0].value] = tuple(keys[n] for n in names if n in keys)
+    return out
+
+
 def declared_keys(source: Path, name: str) -> tuple[str, ...]:
     """The literal keys of the dict ``name = {"key": ..., ...}`` in ``source``, in order (a parse, not an import)."""
     for node in ast.parse(source.read_text(encoding="utf-8"), str(source)).body:
@@ -53,6 +73,7 @@ def declared_keys(source: Path, name: str) -> tuple[str, ...]:
 
 
 NORM_TYPES = declared_norm_types()
+NORM_PARAMS = declared_norm_params()  # norm type -> the config keys of its parameters (model.norm_eps, ...)
 DEFAULT_BASELINE = "handrolled_layernorm"  # the write-up's baseline: a comparison's and a token ladder's default
 NORM_PLACEMENTS = architecture.choices("norm_placement")  # where a block's norms sit
 QK_NORMS = architecture.choices("qk_norm")  # what QK-norm normalises over
@@ -224,7 +245,26 @@ class ModelRules:
     def upgrade(cls, data: dict) -> dict:
         """A model section in today's words (``architecture.upgrade``: the one reading of older keys), with
         ``size`` (a rung of ``gpt.config.sizes``) applied: its n_layers, d_model and n_heads."""
-        return architecture.upgrade(sized(data))
+        return _unread_norm_params(architecture.upgrade(sized(data)))
+
+
+def _unread_norm_params(data: dict) -> dict:
+    """A norm parameter no built norm reads (model.derf_alpha_init in a LayerNorm model) reads as its default: it
+    cannot change the model, so a sweep that sets it for every norm type trains each other type once, not under two
+    configs. The parameters are the registry's (one registered at run time included) or, before it loads, its
+    source's."""
+    registry = sys.modules.get("gpt.model.norms")
+    params = (
+        {name: tuple(p.name for p in norm.params) for name, norm in registry.NORMS.items()}
+        if registry is not None
+        else NORM_PARAMS
+    )
+    norm_type = data.get("norm_type", architecture.BY_KEY["norm_type"].default)
+    built = {data.get(f"{site}_norm_type") or norm_type for site in architecture.SITES}
+    if data.get("qk_norm", "none") != "none":
+        built.add(data.get("qk_norm_type", architecture.BY_KEY["qk_norm_type"].default))
+    read = {key for name in built if isinstance(name, str) for key in params.get(name, ())}
+    return {k: v for k, v in data.items() if k in read or not any(k in keys for keys in params.values())}
 
 
 _CHOICES = {architecture.NORM_TYPES: _NormTypeChoices(), architecture.SIZES: tuple(SIZES)}

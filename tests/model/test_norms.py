@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import CONFIGS
 
-from gpt.config import architecture, schema
+from gpt.config import architecture, load_config, schema
 from gpt.model.norms import (
     NORM_MODULES,
     NORM_PARAMS,
@@ -214,6 +215,25 @@ def test_the_schema_sees_a_norm_type_added_to_the_registry_s_source(tmp_path):
         "z_added_second",
         *NORM_TYPES[after:],
     )
+    declared = schema.declared_norm_params(tmp_path / "norms.py")  # each one's parameters, by their config keys
+    assert declared == {
+        **{name: tuple(p.name for p in NORMS[name].params) for name in NORM_TYPES},
+        "added_norm": ("norm_eps",),
+        "z_added_second": (),
+    }
+
+
+def test_a_norm_parameter_no_built_norm_reads_reads_as_its_default():
+    """derf_alpha_init in a LayerNorm model changes nothing: one model, one config (a sweep setting it for every norm
+    type does not train the LayerNorm twice); where a built norm reads it (any site, QK-norm), it is kept."""
+    tiny = CONFIGS / "tiny.yaml"
+    base = load_config(tiny)
+    assert load_config(tiny, ["model.derf_alpha_init=0.8", "model.dyt_alpha_init=2"]) == base
+    assert load_config(tiny, ["model.norm_type=no_norm", "model.norm_eps=1e-3"]).model.norm_eps == 1e-5
+    for where in ("model.norm_type=derf", "model.final_norm_type=derf", "model.qk_norm=head"):
+        qk = ["model.qk_norm_type=derf"] if where == "model.qk_norm=head" else []
+        assert load_config(tiny, ["model.derf_alpha_init=0.8", where, *qk]).model.derf_alpha_init == 0.8, where
+    assert load_config(tiny, ["model.qk_norm_type=dyt"]) == base  # no QK-norm: its type builds nothing
 
 
 def test_unknown_norm_type_names_every_valid_type():

@@ -4,11 +4,13 @@ chosen on validation (``gpt.analysis.selection``), the chosen rates' groups."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from gpt.analysis.comparable import compared_keys, named
 from gpt.analysis.runs import AXIS, Group, Run
 from gpt.analysis.selection import LR_KEY, optimism, select_rates
 from gpt.common.errors import UserError
-from gpt.config import DEFAULT_BASELINE, NORM_TYPES, norm_order
+from gpt.config import DEFAULT_BASELINE, NORM_TYPES, Config, norm_order
 
 
 def group_runs(runs: list[Run], vary: list[str] = ()) -> list[Group]:
@@ -40,6 +42,9 @@ def choose_baseline(groups: list[Group], baseline: str | None) -> tuple[str, str
         return baseline, "--baseline"
     if DEFAULT_BASELINE in labels:
         return DEFAULT_BASELINE, f"the default, {DEFAULT_BASELINE}, the write-up's baseline"
+    plain = [g for g in groups if g.values[AXIS] == DEFAULT_BASELINE and all(map(_is_default, g.values.items()))]
+    if len(plain) == 1:  # the write-up's model, where every --vary key is at its default: pre-norm, ...
+        return plain[0].label, f"the default, {DEFAULT_BASELINE} with every --vary model key at its default"
     first = [g for g in groups if g.values[AXIS] == groups[0].values[AXIS]]
     if len(first) > 1:
         raise UserError(
@@ -49,6 +54,20 @@ def choose_baseline(groups: list[Group], baseline: str | None) -> tuple[str, str
     return labels[0], (
         f"the first norm type of these runs in the write-up's order ({', '.join(NORM_TYPES)}); --baseline names another"
     )
+
+
+def _is_default(item: tuple[str, object]) -> bool:
+    """Whether a group's value of key ``model.name`` is the model's default (the axis itself counts as one): the
+    write-up's architecture. A training setting varied (optim.lr) has no such default: its baseline is named."""
+    key, value = item
+    if key == AXIS:
+        return True
+    if not key.startswith("model."):
+        return False
+    section, _, name = key.partition(".")
+    kind = next((f.default_factory for f in dataclasses.fields(Config) if f.name == section), None)
+    field = next((f for f in dataclasses.fields(kind) if f.name == name), None) if isinstance(kind, type) else None
+    return field is not None and field.default is not dataclasses.MISSING and field.default == value
 
 
 def choose_selected(groups: list[Group], selection: dict, baseline: str | None) -> tuple[list[Group], str, str]:

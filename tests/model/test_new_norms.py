@@ -16,6 +16,7 @@ from test_placement import jitter_norms
 from gpt.analysis.grouping import group_runs
 from gpt.analysis.runs import AXIS, Run, axis_view
 from gpt.commands.sweep import main as sweep
+from gpt.common.errors import UserError
 from gpt.config import ConfigError, flatten, load_config, norm_order
 from gpt.config.architecture import label_keys, norm_label
 from gpt.model.gpt import GPT, Context
@@ -271,3 +272,22 @@ def test_the_probe_records_derf_s_scalars_and_saturation_and_the_depth_scale(tin
             flat = ((3.0 * h + 0.4).abs() > Derf.flat_beyond).float().mean().item()
             assert 0 < record["ln_1_saturated"][i] == pytest.approx(flat)
             h = block(h, ctx=Context())
+
+
+def test_the_default_baseline_of_a_placement_comparison_is_the_plain_layernorm(tmp_path):
+    """With --vary keys, the write-up's hand-rolled LayerNorm at every varied key's config default is the baseline
+    (no --baseline to spell out); where no group or two are at the defaults, --baseline is still asked for."""
+    from gpt.analysis.grouping import choose_baseline
+
+    def run(i, placement, scaling, seed):
+        view = {"model.norm_placement": placement, "model.norm_depth_scaling": scaling}
+        return Run(tmp_path / str(i), {AXIS: "handrolled_layernorm", "train.seed": seed}, "completed", {}, [], {}, view)
+
+    cells = [("reordered", "none"), ("pre", "none"), ("pre", "inverse_sqrt")]
+    runs = [run(3 * i + s, p, d, s) for i, (p, d) in enumerate(cells) for s in range(2)]
+    vary = ["model.norm_placement", "model.norm_depth_scaling"]
+    label, why = choose_baseline(group_runs(runs, vary), None)
+    assert label == "handrolled_layernorm, model.norm_depth_scaling=none, model.norm_placement=pre"
+    assert why == "the default, handrolled_layernorm with every --vary model key at its default"
+    with pytest.raises(UserError, match="no default baseline among groups that differ in more than the norm"):
+        choose_baseline(group_runs(runs[:2] + runs[4:], vary), None)  # reordered and depth-scaled: neither plain

@@ -144,6 +144,15 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("dropout", float, 0.0, "dropout on embeddings, attention and residual branches",
            bounds={"ge": 0, "lt": 1}, why_not=_NO_TRAINING + " (no dropout)"),
+    Option(
+        "block", str, "gpt2",
+        "the block's family, the norms aside: gpt2: learned positions, a GELU MLP 4 x d_model wide, biases (GPT-2); "
+        "modern: rotary positions (RoPE, base 10,000) on the queries and keys, a SwiGLU MLP 8 x d_model / 3 wide "
+        "(the same matrix weights), no bias in any linear layer (Llama's)",
+        choices=("gpt2", "modern"), hub="block", before="gpt2", gpt2=("gpt2",),
+        words=lambda v, m: "a Llama-style block: rotary positions, a SwiGLU MLP, no biases" if v == "modern" else None,
+        phrase=lambda v, m: "modern block" if v == "modern" else None,
+    ),
     Option("qkv_bias", bool, False, "bias on the Q/K/V projection (OpenAI GPT-2: true; write-up: false)",
            hub="qkv_bias", before=False),
     Option("tie_weights", bool, False, "share the token embedding with the output head (GPT-2: true)",

@@ -79,6 +79,7 @@ NORM_PLACEMENTS = architecture.choices("norm_placement")  # where a block's norm
 QK_NORMS = architecture.choices("qk_norm")  # what QK-norm normalises over
 SCHEDULES = declared_keys(SCHEDULE_REGISTRY, "SHAPES")  # the learning-rate schedules
 PRECISIONS = ("fp32", "bf16", "fp16")
+OPTIMIZERS = ("adamw", "muon")  # optim.name: gpt.training.optimizer builds each
 
 
 def norm_label_arg(value: str) -> str:
@@ -187,6 +188,8 @@ class ModelRules:
         # settings that cannot change the model are refused: a sweep would train one model under several names
         if self.qk_norm != "none" and self.qk_norm_type == "no_norm":
             fail(("qk_norm", "qk_norm_type"), "qk_norm_type no_norm builds no QK-norm; set model.qk_norm: none")
+        if self.block == "modern" and self.qkv_bias:
+            fail(("block", "qkv_bias"), "the modern block has no biases; set model.qkv_bias false (or block gpt2)")
         self._validate_sites(fail)
         self._validate_placement(fail)
 
@@ -324,9 +327,16 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    """AdamW and the learning rate. Defaults: the write-up's run."""
+    """The optimizer and the learning rate. Defaults: the write-up's run (AdamW)."""
 
-    lr: float = opt(1.4e-3, "peak learning rate, reached at the end of warmup", gt=0)
+    name: str = opt(
+        "adamw",
+        "adamw: AdamW on every parameter (the write-up); muon: torch.optim.Muon on the blocks' 2-D weight matrices "
+        "(attention and MLP projections), AdamW on the rest (embeddings, head, norms, biases), as the Muon papers "
+        "and the nanoGPT speedrun",
+        choices=OPTIMIZERS,
+    )
+    lr: float = opt(1.4e-3, "peak learning rate, reached at the end of warmup (AdamW's, under muon too)", gt=0)
     min_lr: float = opt(1.4e-4, "floor of the cosine decay", ge=0)
     warmup_frac: float = opt(
         0.05,
@@ -350,6 +360,21 @@ class OptimConfig:
     beta2: float = opt(0.999, "AdamW beta2 (PyTorch's default)", ge=0, lt=1)
     eps: float = opt(1e-8, "AdamW eps", gt=0)
     grad_clip: float | None = opt(None, "clip the global gradient norm to this; null: no clipping", gt=0)
+    muon_lr: float = opt(
+        0.02,
+        "optim.name muon: Muon's peak learning rate (Keller Jordan's Muon: 0.02); it follows the same schedule, "
+        "x optim.min_lr / optim.lr at the floor",
+        gt=0,
+    )
+    muon_momentum: float = opt(
+        0.95, "optim.name muon: Muon's momentum (Nesterov), torch.optim.Muon's default", ge=0, lt=1
+    )
+    muon_adjust_lr: str = opt(
+        "original",
+        "optim.name muon: how Muon scales each matrix's rate: original: x sqrt(max(1, rows / cols)) (Keller "
+        "Jordan's); match_rms_adamw: x 0.2 sqrt(max(rows, cols)) (Moonshot's, for AdamW's rates)",
+        choices=("original", "match_rms_adamw"),
+    )
 
     def validate(self, fail) -> None:
         if self.min_lr > self.lr:
@@ -557,6 +582,12 @@ class Config:
         return self.train.global_batch_size * self.model.context_length
 
     def validate(self, fail) -> None:
+        if self.optim.name == "muon" and self.train.precision == "fp16":
+            fail(
+                ("optim.name", "train.precision"),
+                "muon with fp16: the grad scaler steps torch optimizers only; use train.precision bf16, fp32 or "
+                "auto with Muon, or optim.name adamw with fp16",
+            )
         stop_on, every = self.train.stop_on, self.log.stats_every
         if stop_on and every == 0:
             fail(

@@ -11,6 +11,10 @@ Every placement keeps the names ``ln_1``, ``ln_2`` and ``ln_f`` and every non-no
 name, so the placement changes no other weight's initial value. ``cfg.norm_compute_dtype`` float32 (the
 default) makes every norm compute in fp32 under autocast (``normed``).
 
+``cfg.block`` is the block's family: gpt2 (learned positions, a GELU MLP 4 x d_model wide, biases) or modern
+(Llama's: rotary positions on the queries and keys, a SwiGLU MLP of the same weights, no biases in any linear
+layer); the norms are the same factor in both.
+
 Initialisation is per parameter, seeded by ``(seed, parameter name)`` (``init_weights``; why:
 docs/model.md, "Initialisation does not depend on the norm").
 
@@ -46,6 +50,27 @@ class Context(NamedTuple):
 
     mask: torch.Tensor | None = None
     cache: Any = None
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None  # the modern block's (cos, sin) at each query's position
+
+
+ROPE_BASE = 10_000.0  # the rotary base of Llama 2 and GPT-NeoX
+
+
+def rope_angles(positions: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotary angles at ``positions`` ((T,) or (B, T)): (T, hs) or (B, 1, T, hs), each angle
+    twice, at feature i and i + hs / 2, the pairs ``rotate`` turns (Llama's layout, transformers' rotate_half)."""
+    inv_freq = 1.0 / ROPE_BASE ** (torch.arange(0, head_size, 2, device=positions.device).float() / head_size)
+    angles = positions.float()[..., None] * inv_freq  # (..., T, hs / 2)
+    angles = torch.cat([angles, angles], dim=-1)  # (..., T, hs)
+    if angles.dim() == 3:
+        angles = angles[:, None]  # (B, 1, T, hs): broadcast over the heads
+    return angles.cos(), angles.sin()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, nh, T, hs) with each feature pair (i, i + hs / 2) turned by its angle, in x's dtype."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos.to(x.dtype) + torch.cat([-x2, x1], dim=-1) * sin.to(x.dtype)
 
 
 def normed(norm: nn.Module, x: torch.Tensor, upcast: bool) -> torch.Tensor:
@@ -70,7 +95,7 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.n_heads, self.layer = cfg.n_heads, layer  # layer: this block's entry in a cache
         self.dropout = cfg.dropout
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.qkv_bias)  # q, k, v at once
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.qkv_bias)  # q, k, v at once (modern: no bias)
         self.qk_norm = cfg.qk_norm
         self.upcast = cfg.norm_compute_dtype == "float32"
         if self.qk_norm != "none":  # one norm of the queries, one of the keys: per head (hs wide) or over all C
@@ -80,7 +105,7 @@ class CausalSelfAttention(nn.Module):
             self.q_norm = make_norm(cfg, width, norm_type=cfg.qk_norm_type)
             self.k_norm = make_norm(cfg, width, norm_type=cfg.qk_norm_type)
         self.scores = Scores()
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model)  # residual projection
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=block_of(cfg) == "gpt2")  # residual projection
         self.resid_drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, *, ctx: Context) -> torch.Tensor:
@@ -95,6 +120,8 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in (q, k, v))
         if self.qk_norm == "head":  # over each head's hs features, one weight for all heads (Qwen3, Gemma 3)
             q, k = normed(self.q_norm, q, self.upcast).to(v.dtype), normed(self.k_norm, k, self.upcast).to(v.dtype)
+        if ctx.rope is not None:  # the modern block: positions as rotations, after QK-norm (Qwen3, OLMo 2)
+            q, k = rotate(q, *ctx.rope), rotate(k, *ctx.rope)
         if ctx.cache is not None:
             k, v = ctx.cache.update(k, v, self.layer)  # (B, nh, S, hs): the cached tokens', then these
         q, k = self.scores(q, k)
@@ -108,6 +135,34 @@ class CausalSelfAttention(nn.Module):
         )  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
         return self.resid_drop(self.proj(y))
+
+
+class SwiGLU(nn.Module):
+    """The modern block's MLP: proj(silu(gate(x)) * fc(x)), no biases, ``swiglu_width`` wide: three matrices with
+    the weights of GPT-2's two (8 d_model^2, to the rounding of the width)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        width = swiglu_width(cfg.d_model)
+        self.gate = nn.Linear(cfg.d_model, width, bias=False)
+        self.fc = nn.Linear(cfg.d_model, width, bias=False)  # the "up" projection
+        self.proj = nn.Linear(width, cfg.d_model, bias=False)  # residual projection ("down")
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # (B, T, C) -> 2 x (B, T, H) -> (B, T, C)
+        return self.drop(self.proj(F.silu(self.gate(x)) * self.fc(x)))
+
+
+def swiglu_width(d_model: int) -> int:
+    """SwiGLU's hidden width: 8 d_model / 3 rounded down (2048 at GPT-2 small's 768), so 3 x d_model x width is
+    GPT-2's 2 x d_model x 4 d_model."""
+    return 8 * d_model // 3
+
+
+def block_of(cfg) -> str:
+    """``cfg.block``, gpt2 where a config has none (one written before the option)."""
+    return getattr(cfg, "block", "gpt2")
 
 
 class MLP(nn.Module):
@@ -157,7 +212,7 @@ class Block(nn.Module):
         if self.placement == "peri":
             self.ln_1_out = make_norm(cfg, norm_type=attn_type)  # on the attention's output, before the stream
         self.ln_2 = make_norm(cfg, norm_type=mlp_type)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg) if block_of(cfg) == "gpt2" else SwiGLU(cfg)
         if self.placement == "peri":
             self.ln_2_out = make_norm(cfg, norm_type=mlp_type)  # on the MLP's output
 
@@ -253,7 +308,9 @@ class GPT(nn.Module):
         rows = cfg.padded_vocab_size
         with torch.random.fork_rng(devices=[]):
             self.wte = nn.Embedding(rows if cfg.tie_weights else cfg.vocab_size, cfg.d_model)  # token embeddings
-            self.wpe = nn.Embedding(cfg.context_length, cfg.d_model)  # learned positions
+            self.modern = block_of(cfg) == "modern"
+            if not self.modern:  # the modern block rotates its queries and keys instead
+                self.wpe = nn.Embedding(cfg.context_length, cfg.d_model)  # learned positions
             self.drop = nn.Dropout(cfg.dropout)
             self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
             # the norm before the output head (model.final_norm), in every placement: after post-norm it
@@ -325,8 +382,8 @@ class GPT(nn.Module):
     # --------------------------------------------------------------- forward
 
     def embeddings(self) -> list[nn.Module]:
-        """The tables the input is looked up in: the tokens', and the learned positions'."""
-        return [self.wte, self.wpe]
+        """The tables the input is looked up in: the tokens', and the learned positions' (gpt2 block)."""
+        return [self.wte] if self.modern else [self.wte, self.wpe]
 
     def num_params(self, norms: bool = True) -> int:
         """Parameter count, a tied weight counted once, vocabulary padding not at all. ``norms=False``
@@ -379,8 +436,13 @@ class GPT(nn.Module):
                 f"position {int(position_ids.max())} is past the model's last, model.context_length - 1 = "
                 f"{self.cfg.context_length - 1}"
             )
-        ctx = Context(visible_keys(T, past, keep, idx.device), cache)
-        x = self.drop(self.wte(idx) + self.wpe(position_ids))  # (B, T, C)
+        mask = visible_keys(T, past, keep, idx.device)
+        if self.modern:  # positions enter as rotations of each block's queries and keys
+            ctx = Context(mask, cache, rope_angles(position_ids, self.cfg.d_model // self.cfg.n_heads))
+            x = self.drop(self.wte(idx))  # (B, T, C)
+        else:
+            ctx = Context(mask, cache)
+            x = self.drop(self.wte(idx) + self.wpe(position_ids))  # (B, T, C)
         for block in self.blocks:
             x = block(x, ctx=ctx)
         logits = self.lm_head(normed(self.ln_f, x, self.upcast))  # (B, T, V), or (B, T, padded V)

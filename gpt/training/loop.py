@@ -55,7 +55,7 @@ from gpt.training.hooks import RunHooks
 from gpt.training.inside import EarlyWarning, StatsProbe
 from gpt.training.metrics import Metrics
 from gpt.training.monitors import Divergence, LossWindow, StopFlag, Throughput
-from gpt.training.optimizer import set_lr
+from gpt.training.optimizer import set_lr, split_record
 from gpt.training.schedule import lr_at, warmup_steps
 from gpt.training.step import StepEngine, train_reader
 
@@ -573,6 +573,7 @@ class Trainer:
             "n_params": self.engine.model.num_params(),  # a tied weight once, vocabulary padding not at all
             "n_params_outside_norms": self.engine.model.num_params(norms=False),
             "flops_per_token": self.engine.model.flops_per_token(),  # training FLOPs: x tokens (scaling fits)
+            "optimizer": split_record(self.engine.model, cfg.optim),  # what Muon and AdamW each update
             "norm_type": cfg.model.norm_type,
             "seed": cfg.train.seed,
             "precision": self.fast.precision,

@@ -55,6 +55,16 @@ def test_two_processes_equal_one_with_twice_the_accumulation(ddp_cfg, single, tm
     assert_same(single, results(tmp_path / "ddp"))
 
 
+def test_muon_on_two_processes_equals_one_with_twice_the_accumulation(ddp_cfg, tmp_path):
+    muon = ["--set", "optim.name=muon"]
+    train(load_config(ddp_cfg("single_muon"), muon[1:]))
+    command = [*torchrun("--standalone", "--nproc_per_node=2", config=ddp_cfg("ddp_muon")), *muon]
+    out = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads((tmp_path / "ddp_muon" / "summary.json").read_text())["optimizer"]["name"] == "muon"
+    assert_same(results(tmp_path / "single_muon"), results(tmp_path / "ddp_muon"))
+
+
 def test_two_nodes_with_a_rendezvous_equal_one_process(ddp_cfg, single, tmp_path):
     cfg = ddp_cfg("nodes")
     port = free_port()

@@ -35,6 +35,7 @@ INSIDE_CHARTS = {
     "attn_logit_max": ("inside_attn_logit_max.png", "attention logit max (q.k/sqrt(head_dim), over heads)"),
     "update_ratio": ("inside_update_ratio.png", "update ratio ||W_after - W_before|| / ||W_before||"),
 }
+INTERACTION_CHART = "interaction.png"  # a crossed comparison's: each norm type's effect per level, side by side
 SPEEDUP_CHART = "speedup.png"  # a comparison's effective speedup: loss against compute and against GPU time
 INSIDE_SHEET = "inside.png"  # a comparison's: the three by group, mean over seeds with a min-max band
 
@@ -250,6 +251,41 @@ def _points_with_intervals(ax, ys: list[int], values: list[tuple[float, float, f
         pad = max(max(finite) - min(finite), 1e-3) * 0.15
         ax.set_xlim(min(finite) - pad, max(finite) + pad)
     ax.grid(axis="x", alpha=0.3)
+
+
+def plot_interaction(section: dict, path: Path) -> Path:
+    """A crossed comparison (``gpt.analysis.interaction``): per norm type (rows), its difference to the baseline
+    norm type at each level (one colour each, side by side) with the 95% interval; where the effects' intervals sit
+    apart the interaction may still be small: its own interval is the table's."""
+    rows, levels = section["rows"], section["levels"]
+    fig, ax = plt.subplots(figsize=(8, 1.6 + 0.7 * len(rows) * max(1, len(levels) / 2)), dpi=100)
+    colours = plt.get_cmap("tab10")
+    step = 0.4 / (len(levels) - 1)  # a norm type's levels within +-0.2 of its tick
+    finite = []
+    for j, level in enumerate(levels):
+        for i, row in enumerate(rows):
+            e = row["effects"][j]
+            y = len(rows) - 1 - i + 0.2 - j * step
+            if e["diff"] is None or math.isnan(e["diff"]):
+                continue
+            finite += [v for v in (e["diff"], e["low"], e["high"]) if v is not None and not math.isnan(v)]
+            if e["low"] is None or math.isnan(e["low"]):
+                ax.plot(e["diff"], y, "o", mfc="white", mec=colours(j % 10), ms=7)
+            else:
+                err = [[e["diff"] - e["low"]], [e["high"] - e["diff"]]]
+                ax.errorbar(e["diff"], y, xerr=err, fmt="o", color=colours(j % 10), ms=6, capsize=4)
+        ax.plot([], [], "o", color=colours(j % 10), label=level)
+    ax.axvline(0, color="grey", lw=1)
+    ax.set_yticks(range(len(rows))[::-1], [r["norm"] for r in rows], fontsize=8)
+    ax.set_ylim(-0.6, len(rows) - 0.4)
+    if finite:
+        pad = max(max(finite) - min(finite), 1e-3) * 0.15
+        ax.set_xlim(min(finite) - pad, max(finite) + pad)
+    ax.set_xlabel(f"test loss minus {section['baseline']}'s at the same level, 95% interval")
+    ax.legend(title=" x ".join(section["by"]), fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title("each norm type's effect within every level")
+    return save_figure(fig, path)
 
 
 def _test_loss_label(row: dict) -> str:

@@ -62,12 +62,15 @@ def _is_default(item: tuple[str, object]) -> bool:
     key, value = item
     if key == AXIS:
         return True
-    if not key.startswith("model."):
-        return False
+    return key.startswith("model.") and config_default(key) == value
+
+
+def config_default(key: str):
+    """The default of config key ``section.name`` (``dataclasses.MISSING`` for a key with none: a fingerprint's)."""
     section, _, name = key.partition(".")
     kind = next((f.default_factory for f in dataclasses.fields(Config) if f.name == section), None)
     field = next((f for f in dataclasses.fields(kind) if f.name == name), None) if isinstance(kind, type) else None
-    return field is not None and field.default is not dataclasses.MISSING and field.default == value
+    return dataclasses.MISSING if field is None else field.default
 
 
 def choose_selected(groups: list[Group], selection: dict, baseline: str | None) -> tuple[list[Group], str, str]:

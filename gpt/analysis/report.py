@@ -83,6 +83,7 @@ def markdown(result: dict) -> str:
         "any trained on fewer updates than the rest.",
     ]
     lines += _versus_table(result)
+    lines += crossed_lines(result.get("crossed"))
     lines += speedup_lines(result.get("effective_speedup"))
     lines += _task_lines(result)
     lines += _sources_lines(result["groups"])
@@ -225,6 +226,33 @@ def _interval(v: dict, fmt) -> str:
         missing = ", ".join(f"{i}/{j}" for i, j in v["missing"])
         return f"n/a: incomplete grid, missing init/data {missing}"
     return f"{fmt(v['diff'], '+')} [{fmt(v['low'], '+')}, {fmt(v['high'], '+')}] {v['method']}{size}"
+
+
+def crossed_lines(section: dict | None) -> list[str]:
+    """A crossed comparison (``gpt.analysis.interaction``): each norm type's effect within every level, its
+    interaction with each level beside the reference one, Holm over each family, and a verdict per interaction."""
+    if not section:
+        return []
+    by, base, levels = " x ".join(section["by"]), section["baseline"], section["levels"]
+    lines = ["", f"## Does the effect depend on {by}?", "",
+             f"Each norm type minus {base} at the same level ({', '.join(levels)}; the reference: {levels[0]}), "
+             "paired on the seeds they share, Holm p over the norm types of a level. The interaction is the effect "
+             f"at a level minus the effect at {levels[0]}: paired on the seeds the levels share (a crossed sweep's), "
+             "else Welch; Holm p over every interaction; resolvable: the smallest interaction these seeds detect "
+             "with 80% power.", "",
+             "| norm type | " + " | ".join(f"effect at {lv} | Holm p" for lv in levels) + " |",
+             "|---|" + "---|---|" * len(levels)]  # fmt: skip
+    for row in section["rows"]:
+        cells = [f"{_interval(e, _loss)} | {_p(e.get('holm_p'))}" for e in row["effects"]]
+        lines.append(f"| {row['norm']} | " + " | ".join(cells) + " |")
+    lines += ["", "| norm type | level | interaction (effect minus at the reference) | p | Holm p | resolvable |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
+    for row in section["rows"]:
+        for i in row["interactions"]:
+            lines.append(f"| {row['norm']} | {i['level']} vs {i['reference']} | {_interval(i, _loss)} | "
+                         f"{_p(i['p'])} | {_p(i['holm_p'])} | {_loss(i['resolvable'])} |")  # fmt: skip
+    lines += ["", *(f"- {i['verdict']}" for row in section["rows"] for i in row["interactions"])]
+    return lines
 
 
 def _fmt(x, spec=".4f"):

@@ -430,6 +430,19 @@ def difference_many(a, b, level: float = LEVEL, crossed: bool = False) -> dict:
     return {**est, "diff": est["mean"], "method": "crossed" if crossed else "paired"}
 
 
+def welch_many(a, b, level: float = LEVEL) -> dict:
+    """``welch`` of many replicates: ``a[..., na]`` and ``b[..., nb]`` two unpaired samples each (na, nb >= 2).
+    Keys: ``diff``, ``se``, ``df``, ``low``, ``high``, ``p``, arrays over the leading axes."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    na, nb = a.shape[-1], b.shape[-1]
+    va, vb = a.var(axis=-1, ddof=1) / na, b.var(axis=-1, ddof=1) / nb
+    se = np.sqrt(va + vb)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        df = np.where(se > 0, (va + vb) ** 2 / (va**2 / (na - 1) + vb**2 / (nb - 1)), 1.0)
+    out = _t_interval_many(a.mean(axis=-1) - b.mean(axis=-1), se, df, level)
+    return {**out, "diff": out["mean"]}
+
+
 def equivalence_many(est: dict, margin: float, level: float = LEVEL) -> dict:
     """``equivalence`` (TOST) of ``difference_many``'s estimates: ``p`` (NaN where there is no spread) and
     ``equivalent`` (False there, where ``equivalence`` says None)."""

@@ -43,9 +43,16 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from gpt.analysis import interaction, speedup
 from gpt.analysis import results as results_table
-from gpt.analysis import speedup
-from gpt.analysis.charts import INSIDE_SHEET, SPEEDUP_CHART, comparison_charts, plot_speedup
+from gpt.analysis.charts import (
+    INSIDE_SHEET,
+    INTERACTION_CHART,
+    SPEEDUP_CHART,
+    comparison_charts,
+    plot_interaction,
+    plot_speedup,
+)
 from gpt.analysis.comparable import (
     check_comparable,
     check_margins,
@@ -54,7 +61,7 @@ from gpt.analysis.comparable import (
     named,
     shared_by_all,
 )
-from gpt.analysis.grouping import compared_groups, group_runs
+from gpt.analysis.grouping import compared_groups, config_default, group_runs
 from gpt.analysis.inside import Stats, load_stats
 from gpt.analysis.report import markdown
 from gpt.analysis.runs import Group, load_run, load_runs
@@ -156,6 +163,7 @@ def compare(
     form: str = "auto",
     irreducible: float | None = None,
     plots: bool = True,
+    by: list[str] = (),
 ) -> dict:
     """Write comparison.md, comparison.json, runs.csv and (if ``plots``) the charts into ``out``; return the
     result. Runs that differ in more than the norm and the seeds are refused before anything is written,
@@ -163,10 +171,16 @@ def compare(
     in the report). ``results``: a results table (CSV) to compare instead of run directories. ``failed``: runs
     that ended without a result, each with its error (a sweep's failed cells), named in the report.
     ``select_on="val"``: each norm type's optim.lr chosen on validation loss (``gpt.analysis.selection``), test
-    losses compared at it; ``confirmation``: fresh seeds at rates chosen on other runs (its record, for the report)."""
+    losses compared at it; ``confirmation``: fresh seeds at rates chosen on other runs (its record, for the report).
+    ``by``: keys the runs cross the norm types with (each an axis too): each norm type's effect within every level
+    and its interaction across them (``gpt.analysis.interaction``); the main table's default baseline is the
+    baseline norm type at the reference level."""
     check_margins(equivalence_margin, detect)
     check_select_on(select_on, results is not None)
     vary = [*vary, LR_KEY] if select_on is not None and not named(LR_KEY, vary) else list(vary)
+    vary = [*vary, *(k for k in by if not named(k, vary))]
+    if by and select_on is not None:
+        raise UserError("--by with --select-on: compare the levels at the chosen rates (sweep.py --confirm-seeds)")
     load = {"which": which, "split": split, "precision": precision, "tokens": tokens, "offset": offset}
     runs = load_runs(paths, results, vary, allow_differ, **load)
     check_names(runs, vary, allow_differ)
@@ -174,6 +188,9 @@ def compare(
         check_comparable(runs)
     allowed = check_only_the_norm_differs(runs, vary, allow_differ)
     groups = group_runs(runs, vary)
+    crossed_section = interaction.crossed(groups, list(by), baseline, config_default) if by else None
+    if by and baseline not in {g.label for g in groups}:  # a norm type, or none: at the reference level
+        baseline = interaction.reference_group(groups, list(by), baseline, config_default)
     groups, baseline, why, selection = compared_groups(groups, baseline, select_on)
     speedup = effective_speedup(groups, baseline, ladder, load, throughput, form, irreducible, select_on, vary,
                                 allow_differ)  # fmt: skip
@@ -189,6 +206,7 @@ def compare(
         "without_fingerprint": [r.path.name for r in runs if not r.fingerprinted] if results is None else [],
         "failed": [{"run": name, "error": error} for name, error in (failed or {}).items()],
         "effective_speedup": speedup,
+        "crossed": crossed_section,
     }
     result["inside"], inside = inside_of(groups if results is None else [], Path(out))  # a table's rows: no folders
     return write_comparison(result, groups, Path(out), inside, plots)
@@ -205,5 +223,7 @@ def write_comparison(result: dict, groups: list[Group], out: Path, inside: list,
     speedup = result["effective_speedup"]
     if plots and speedup and not speedup.get("not_computed"):
         drawn.append(plot_speedup(speedup, out / SPEEDUP_CHART))
+    if plots and result.get("crossed"):
+        drawn.append(plot_interaction(result["crossed"], out / INTERACTION_CHART))
     result["plots"] = [str(p) for p in drawn]
     return result

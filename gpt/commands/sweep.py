@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--data-seeds", nargs="+", type=int, metavar="SEED", help="train.seed values, crossed with --init-seeds")
     add("--lrs", nargs="+", type=float, metavar="LR", help="optim.lr values, crossed with the grid; chosen on val")
     add("--confirm-seeds", nargs="+", type=int, metavar="SEED", help="with --lrs: fresh seeds at the chosen rates")
+    add("--vary", action="append", dest="factors", metavar="KEY=A,B", help="a config key's values crossed with the "
+        "grid (optim.name=adamw,muon; repeatable); compared --by it: effects per level, interactions")  # fmt: skip
     add("--nproc", type=int, help="processes per run and node (torchrun when > 1; default 1, or --gpus-per-node)")
     add("--runs-dir", type=Path, default=Path("runs"))
     add_overrides(parser, "a config value of every cell")

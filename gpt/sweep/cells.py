@@ -6,13 +6,17 @@ split the noise between them, ``<config stem>-<norm-type>-i<init seed>-s<data se
 learning rates (``--lrs``) puts each cell's rate before its seeds: ``<config stem>-<norm-type>-lr1.4e-3-s<seed>``
 (the rate's shortest exact decimal, in scientific form). A sweep across model sizes (``--sizes``, named in
 ``gpt.config.sizes``) puts the size after the config's stem: ``<config stem>-<size>-<norm-type>-s<seed>``, each
-cell trained on ``train.tokens_per_param`` x its own parameters. Every cell's config is resolved and validated
-here, before anything runs.
+cell trained on ``train.tokens_per_param`` x its own parameters. A factor crossed with the norm types
+(``--vary optim.name=adamw,muon``) names each cell's level after its norm type:
+``<config stem>-<norm-type>-muon-s<seed>`` (one word per factor, in their order). Every cell's config is resolved
+and validated here, before anything runs.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import re
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -59,13 +63,45 @@ def cell_name(
     lr: float | None = None,
     size: str = "",
     fraction: float | None = None,
+    level: str = "",
 ) -> str:
     init = "" if init_seed is None else f"-i{init_seed}"
     rate = "" if lr is None else f"-lr{lr_text(lr)}"
     sized = f"-{size}" if size else ""
     part = "" if fraction is None else f"-t{fraction:g}"
     norms = norm_type.replace("_", "-").replace("+", "-").replace(":", "-")  # a label with sites: each named
-    return f"{Path(config).stem}{sized}-{norms}{rate}{part}{init}-s{seed}"
+    crossed = f"-{level}" if level else ""
+    return f"{Path(config).stem}{sized}-{norms}{crossed}{rate}{part}{init}-s{seed}"
+
+
+# keys a factor may not be: the grid's own axes have their flags
+AXIS_FLAGS = {"model.norm_type": "--norm-types", "train.seed": "--seeds", "model.init_seed": "--init-seeds",
+              LR_KEY: "--lrs", SIZE_KEY: "--sizes"}  # fmt: skip
+
+
+def parse_factors(factors: list[str] | None, overrides: list[str] = ()) -> list[tuple[str, list[str]]]:
+    """``--vary KEY=A,B[,...]`` as (key, levels) pairs, refused in one line where it cannot be a factor: not of that
+    form, fewer than two different levels, a key named twice, set by --set too, or an axis with its own flag."""
+    out: list[tuple[str, list[str]]] = []
+    for text in factors or []:
+        key, sep, values = text.partition("=")
+        key, levels = key.strip(), [v.strip() for v in values.split(",")]
+        if not sep or not key or len(levels) < 2 or "" in levels or len(set(levels)) != len(levels):
+            raise UserError(f"--vary {text}: give KEY=A,B (a config key, then two or more different values)")
+        if key in AXIS_FLAGS or key.startswith("run."):
+            raise UserError(f"--vary {key}: the grid has {AXIS_FLAGS.get(key, 'its own run names')} for that")
+        if any(k == key for k, _ in out) or sets_key(list(overrides), key):
+            raise UserError(f"--vary {key}: named twice (by --vary or --set); give each key once")
+        out.append((key, levels))
+    return out
+
+
+def level_parts(factors: list[tuple[str, list[str]]]) -> list[tuple[str, list[str]]]:
+    """Every level of the crossed factors (their product, in order) as (its word in a folder name, its --set
+    overrides); one empty level without factors."""
+    combos = itertools.product(*[[(key, v) for v in values] for key, values in factors])
+    return [("-".join(re.sub(r"[^A-Za-z0-9.]+", "-", v) for _, v in combo), [f"{k}={v}" for k, v in combo])
+            for combo in combos]  # fmt: skip
 
 
 def sets_key(overrides: list[str], key: str) -> bool:
@@ -126,22 +162,29 @@ def lay_out(
     data_seeds: list[int] | None = None,
     lrs: list[float] | None = None,
     sizes: list[str] | None = None,
+    factors: list[tuple[str, list[str]]] | None = None,
 ) -> list[Cell]:
     """Every cell's resolved config, validated before anything runs. ``seeds_for`` gives some norm
     types other seeds than ``seeds``; ``init_seeds`` with ``data_seeds`` cross the two instead; ``lrs``
     crosses the grid with learning rates (``rate_overrides``); ``sizes`` with model sizes, in their order
-    (``check_sizes``)."""
+    (``check_sizes``); ``factors`` with every level of other config keys (``parse_factors``)."""
     cells = []
     rates = rate_overrides(config, list(overrides), lrs)
     check_sizes(config, list(overrides), sizes)
     for size in sizes or [None]:
-        for norm_type in norm_types:
+        for norm_type, (word, level) in itertools.product(norm_types, level_parts(factors or [])):
             for lr, rate in zip(lrs or [None], rates):
                 for init, seed in seed_pairs((seeds_for or {}).get(norm_type, seeds), init_seeds, data_seeds):
-                    name = cell_name(config, norm_type, seed, init, lr, size)
+                    name = cell_name(config, norm_type, seed, init, lr, size, level=word)
                     sized = [] if size is None else [f"{SIZE_KEY}={size}"]
-                    cell_overrides = [*overrides, *sized, *rate, *_cell_keys(norm_type, seed, init, name, runs_dir)]
+                    keys = _cell_keys(norm_type, seed, init, name, runs_dir)
+                    cell_overrides = [*overrides, *sized, *level, *rate, *keys]
                     cells.append(Cell(norm_type, seed, name, load_config(config, cell_overrides), cell_overrides))
+    names = [c.name for c in cells]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise UserError(f"--vary: two levels spell one folder name ({', '.join(twice)}); give values that differ "
+                        "in letters or digits")  # fmt: skip
     return cells
 
 

@@ -36,6 +36,7 @@ from gpt.sweep.cells import (
     ladder_cells,
     ladder_norm,
     lay_out,
+    parse_factors,
     selection_folder,
 )
 from gpt.sweep.spec import SweepSpec
@@ -105,6 +106,7 @@ def compare_command(cells: list[Cell], out: Path, options: dict) -> list[str]:
     words += ["--baseline", options["baseline"]] if options.get("baseline") else []
     words += ["--equivalence-margin", f"{margin:g}"] if margin is not None else []
     words += [a for key in options.get("vary") or () for a in ("--vary", key)]
+    words += [a for key in options.get("by") or () for a in ("--by", key)]
     words += [a for key in options.get("allow_differ") or () for a in ("--allow-differ", key)]
     words += ["--across-sizes"] if options.get("across_sizes") else []
     words += ["--predict-at", repr(options["predict_at"])] if options.get("predict_at") is not None else []
@@ -129,6 +131,7 @@ def run_sweep(
     out: Path | None = None,
     sizes: list[str] | None = None,
     token_fractions: list[float] | None = None,
+    factors: list[str] | None = None,
     dry_run: bool = False,
     log=print,
     hooks_for=None,
@@ -139,7 +142,7 @@ def run_sweep(
     processes per run, and compare the cells into ``out`` (``compare_options``: ``compare_grid``'s); returns the
     comparison (None for a dry run, which only logs the commands). ``hooks_for(cfg)``: the hooks of a cell trained
     in this process (``gpt.commands.cli.standard_hooks``); ``token_fractions``: the baseline's token ladder too
-    (``lay_out_ladder``).
+    (``lay_out_ladder``); ``factors``: ``--vary KEY=A,B`` crossed with the grid (``gpt.sweep.cells.parse_factors``).
 
     ``confirm_seeds`` (with ``lrs``): two stages. The grid is the selection: compared into ``<out>-selection``,
     where each norm type's rate is chosen on validation; then each chosen rate is trained on the fresh
@@ -147,7 +150,10 @@ def run_sweep(
     check_rates(confirm_seeds, lrs, seeds, init_seeds)
     check_size_axis(sizes, confirm_seeds, compare_options.get("predict_at"))
     check_fractions(token_fractions, sizes, lrs, init_seeds, confirm_seeds)
-    cells = lay_out(config, norm_types, seeds, runs_dir, overrides, seeds_for, init_seeds, data_seeds, lrs, sizes)
+    crossed = parse_factors(factors, overrides)
+    cells = lay_out(
+        config, norm_types, seeds, runs_dir, overrides, seeds_for, init_seeds, data_seeds, lrs, sizes, crossed
+    )
     ladder = lay_out_ladder(config, norm_types, seeds_for, seeds, runs_dir, overrides, token_fractions, compare_options)
     check_confirmation_kept(out := comparison_folder(config, runs_dir, out), confirm_seeds)
     compare_options["across_sizes"] = compare_options.get("across_sizes") or bool(sizes)
@@ -168,7 +174,7 @@ def run_sweep(
         return result
     shared = {k: compare_options[k] for k in ("baseline", "equivalence_margin", "allow_differ") if k in compare_options}
     spec = SweepSpec(config, list(norm_types), list(seeds), runs_dir=runs_dir, overrides=list(overrides), out=out,
-                     lrs=lrs, confirm_seeds=confirm_seeds, **shared)  # fmt: skip
+                     lrs=lrs, confirm_seeds=confirm_seeds, factors=factors, **shared)  # fmt: skip
     confirmation = spec.confirmation_cells(spec.chosen_rates(result["selection"]))
     log(f"confirmation: {len(confirmation)} cell(s) at the chosen rates, seeds {' '.join(map(str, confirm_seeds))}")
     run_cells(config, confirmation, nproc, False, log, hooks_for)

@@ -13,6 +13,7 @@ from pathlib import Path
 from gpt.analysis.selection import LR_KEY
 from gpt.common.errors import UserError
 from gpt.common.files import read_json
+from gpt.config.loader import parse_override
 from gpt.run.directory import COMPARISON_FILE
 from gpt.sweep.cells import (
     MIN_LR_KEY,
@@ -24,7 +25,9 @@ from gpt.sweep.cells import (
     ladder_cells,
     ladder_norm,
     lay_out,
+    level_parts,
     min_lr_fixed,
+    parse_factors,
     selection_folder,
 )
 
@@ -51,11 +54,14 @@ class SweepSpec:
     predict_at: float | None = None  # with sizes: the parameter count the comparison predicts each norm's loss at
     token_fractions: list[float] | None = None  # the baseline's token ladder: fractions of the token budget
     throughput: Path | None = None  # bench.py's rows (JSON lines): the time-matched figure's tokens/s
+    factors: list[str] | None = None  # --vary KEY=A,B: config keys crossed with the grid, compared --by them
 
     def __post_init__(self) -> None:
         check_rates(self.confirm_seeds, self.lrs, self.seeds, self.init_seeds)
         check_size_axis(self.sizes, self.confirm_seeds, self.predict_at)
         check_fractions(self.token_fractions, self.sizes, self.lrs, self.init_seeds, self.confirm_seeds)
+        if parse_factors(self.factors, self.overrides) and (self.sizes or self.token_fractions):
+            raise UserError("--vary with --sizes or --token-fractions: cross a factor within one size, on the budget")
         if self.throughput is not None and not self.token_fractions:
             raise UserError("--throughput times the norm types for the effective speedup: add --token-fractions")
         if self.sizes and self.push_to_hub:
@@ -74,6 +80,7 @@ class SweepSpec:
         return lay_out(
             self.config, self.norm_types, self.seeds, self.runs_dir, self.overrides,
             init_seeds=self.init_seeds, data_seeds=self.data_seeds, lrs=self.lrs, sizes=self.sizes,
+            factors=parse_factors(self.factors),
         )  # fmt: skip
 
     def ladder_cells(self) -> list[Cell]:
@@ -104,14 +111,17 @@ class SweepSpec:
         """Each norm type's chosen rate x the confirmation seeds (``chosen``: the rates; by default the selection's
         on disk), in norm-type order; [] before the selection."""
         chosen = self.chosen_rates() if chosen is None else chosen
-        return [
-            cell
-            for norm in self.norm_types
-            if norm in chosen
-            for cell in lay_out(
-                self.config, [norm], self.confirm_seeds, self.runs_dir, self.overrides, lrs=[chosen[norm]]
-            )
-        ]
+        by_parts = {frozenset(label.split(", ")): rate for label, rate in chosen.items()}
+        cells = []
+        for norm in self.norm_types:
+            for _, level in level_parts(parse_factors(self.factors)):  # a family per norm type and level
+                family = frozenset([norm, *(f"{o.partition('=')[0]}={_value(o)}" for o in level)])
+                if family in by_parts:
+                    sets = [*self.overrides, *level]
+                    cells += lay_out(
+                        self.config, [norm], self.confirm_seeds, self.runs_dir, sets, lrs=[by_parts[family]]
+                    )
+        return cells
 
     @property
     def comparison(self) -> Path:
@@ -131,8 +141,11 @@ class SweepSpec:
         if self.token_fractions:
             options["ladder"] = [c.run.path for c in self.ladder_cells()]
             options["throughput"] = self.throughput
+        keys = [key for key, _ in parse_factors(self.factors)]
+        if keys and not self.lrs:
+            options["by"] = keys
         if self.lrs:
-            options.update(vary=[LR_KEY], select_on="val")
+            options.update(vary=[LR_KEY, *keys], select_on="val")
             if not min_lr_fixed(self.overrides) and MIN_LR_KEY not in self.allow_differ:
                 options["allow_differ"].append(MIN_LR_KEY)
         return options
@@ -140,7 +153,7 @@ class SweepSpec:
     def run_options(self) -> dict:
         """``gpt.sweep.launch.run_sweep``'s arguments for this sweep, its comparison's options included."""
         keys = ("config", "norm_types", "seeds", "runs_dir", "init_seeds", "data_seeds", "lrs", "confirm_seeds")
-        more = ("nproc", "overrides", "out", "sizes", "token_fractions")
+        more = ("nproc", "overrides", "out", "sizes", "token_fractions", "factors")
         return {**{k: getattr(self, k) for k in (*keys, *more)}, **self.compare_options()}
 
     def confirmation_options(self, selection: dict) -> dict:
@@ -155,6 +168,7 @@ class SweepSpec:
              "grid": [rate["value"] for rate in f["rates"]]}
             for f in selection["families"]
         ]  # fmt: skip
+        options["by"] = [key for key, _ in parse_factors(self.factors)]
         options["confirmation"] = {
             "key": LR_KEY, "selection": str(self.selection_comparison), "selection_seeds": list(self.seeds),
             "confirm_seeds": list(self.confirm_seeds), "families": families,
@@ -173,6 +187,7 @@ class SweepSpec:
         words += ["--predict-at", repr(float(self.predict_at))] if self.predict_at is not None else []
         words += ["--token-fractions", *map(repr, map(float, self.token_fractions))] if self.token_fractions else []
         words += ["--throughput", str(self.throughput)] if self.throughput is not None else []
+        words += [a for factor in self.factors or () for a in ("--vary", factor)]
         words += ["--nproc", str(self.nproc), "--runs-dir", str(self.runs_dir)]
         words += [a for o in self.overrides for a in ("--set", o)]
         named = (("--out", self.out), ("--baseline", self.baseline), ("--push-to-hub", self.push_to_hub))
@@ -181,3 +196,8 @@ class SweepSpec:
         if self.equivalence_margin is not None:
             words += ["--equivalence-margin", repr(self.equivalence_margin)]
         return words + [a for key in self.allow_differ for a in ("--allow-differ", key)]
+
+
+def _value(override: str) -> str:
+    """An override's value as a run's config reads it back (``0.020`` -> ``0.02``), as a family's label shows it."""
+    return str(parse_override(override)[1])

@@ -178,20 +178,3 @@ def check_margins(equivalence_margin: float | None, detect: float | None) -> Non
     for flag, value in (("--equivalence-margin", equivalence_margin), ("--detect", detect)):
         if value is not None and not value > 0:
             raise UserError(f"{flag} {value} must be > 0 (a loss difference, e.g. 0.01)")
-
-
-def add_arguments(parser) -> None:
-    """compare.py's --vary, --allow-differ, --by and --select-on: the keys runs may differ in, and how."""
-    add = parser.add_argument
-    add("--vary", action="append", default=[], metavar="KEY",
-        help="a config or fingerprint key the runs may differ in, as an axis of the table: one "
-        "group per norm type and value (repeatable)")  # fmt: skip
-    add("--allow-differ", action="append", default=[], metavar="KEY",
-        help="a key the runs may differ in without forming groups; the report says so "
-        "(repeatable; a prefix like data.train names every key under it)")  # fmt: skip
-    add("--by", action="append", default=[], metavar="KEY",
-        help="a factor crossed with the norm types (optim.name, model.block; repeatable): each norm type's effect "
-        "within every level and how it differs across levels (the interaction), Holm over them")  # fmt: skip
-    add("--select-on", choices=("val",),
-        help="val: per norm type, the optim.lr with the lowest mean validation loss over seeds (never the test "
-        "loss); test losses compared at the chosen rates (implies --vary optim.lr)")  # fmt: skip

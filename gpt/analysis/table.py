@@ -172,26 +172,16 @@ def compare(
     that ended without a result, each with its error (a sweep's failed cells), named in the report.
     ``select_on="val"``: each norm type's optim.lr chosen on validation loss (``gpt.analysis.selection``), test
     losses compared at it; ``confirmation``: fresh seeds at rates chosen on other runs (its record, for the report).
-    ``by``: keys the runs cross the norm types with (each an axis too): each norm type's effect within every level
-    and its interaction across them (``gpt.analysis.interaction``); the main table's default baseline is the
-    baseline norm type at the reference level."""
+    ``by``: factors crossed with the norm types (``gpt.analysis.interaction``: effects per level, interactions)."""
     check_margins(equivalence_margin, detect)
-    check_select_on(select_on, results is not None)
-    vary = [*vary, LR_KEY] if select_on is not None and not named(LR_KEY, vary) else list(vary)
-    vary = [*vary, *(k for k in by if not named(k, vary))]
-    if by and select_on is not None:
-        raise UserError("--by with --select-on: compare the levels at the chosen rates (sweep.py --confirm-seeds)")
+    vary = _axes(vary, select_on, by, results is not None)
     load = {"which": which, "split": split, "precision": precision, "tokens": tokens, "offset": offset}
     runs = load_runs(paths, results, vary, allow_differ, **load)
     check_names(runs, vary, allow_differ)
     if results is None:  # a results table holds test losses, not what they were measured on
         check_comparable(runs)
     allowed = check_only_the_norm_differs(runs, vary, allow_differ)
-    groups = group_runs(runs, vary)
-    crossed_section = interaction.crossed(groups, list(by), baseline, config_default) if by else None
-    if by and baseline not in {g.label for g in groups}:  # a norm type, or none: at the reference level
-        baseline = interaction.reference_group(groups, list(by), baseline, config_default)
-    groups, baseline, why, selection = compared_groups(groups, baseline, select_on)
+    groups, baseline, why, selection, crossed = _grouped(runs, vary, baseline, select_on, list(by))
     speedup = effective_speedup(groups, baseline, ladder, load, throughput, form, irreducible, select_on, vary,
                                 allow_differ)  # fmt: skip
     result = {
@@ -206,10 +196,29 @@ def compare(
         "without_fingerprint": [r.path.name for r in runs if not r.fingerprinted] if results is None else [],
         "failed": [{"run": name, "error": error} for name, error in (failed or {}).items()],
         "effective_speedup": speedup,
-        "crossed": crossed_section,
+        "crossed": crossed,
     }
     result["inside"], inside = inside_of(groups if results is None else [], Path(out))  # a table's rows: no folders
     return write_comparison(result, groups, Path(out), inside, plots)
+
+
+def _axes(vary: list[str], select_on: str | None, by: list[str], from_table: bool) -> list[str]:
+    """The keys that form groups: ``vary``, the rate where it is chosen on validation, and the ``by`` factors."""
+    check_select_on(select_on, from_table)
+    if by and select_on is not None:
+        raise UserError("--by with --select-on: compare the levels at the chosen rates (sweep.py --confirm-seeds)")
+    vary = [*vary, LR_KEY] if select_on is not None and not named(LR_KEY, vary) else list(vary)
+    return [*vary, *(k for k in by if not named(k, vary))]
+
+
+def _grouped(runs: list, vary: list[str], baseline: str | None, select_on: str | None, by: list[str]) -> tuple:
+    """The compared groups, the baseline's label, why, the rate selection (``compared_groups``) and the crossed
+    section (None without ``by``), whose reference level holds the main table's default baseline."""
+    groups = group_runs(runs, vary)
+    crossed = interaction.crossed(groups, by, baseline, config_default) if by else None
+    if by and baseline not in {g.label for g in groups}:  # a norm type, or none: at the reference level
+        baseline = interaction.reference_group(groups, by, baseline, config_default)
+    return (*compared_groups(groups, baseline, select_on), crossed)
 
 
 def write_comparison(result: dict, groups: list[Group], out: Path, inside: list, plots: bool) -> dict:

@@ -3,8 +3,8 @@
     python scripts/compare.py runs/* [--baseline handrolled_layernorm] [--out comparison/] [--equivalence-margin 0.01]
     python scripts/compare.py runs/* --vary optim.lr --baseline "handrolled_layernorm, optim.lr=0.0014"
     python scripts/compare.py runs/lr-* --select-on val --allow-differ optim.min_lr  # each norm's rate chosen on val
-    python scripts/compare.py runs/crossed-* --by optim.name     # each norm's effect per optimizer, the interaction
     python scripts/compare.py runs/* --allow-differ hardware.name     # seeds trained on two kinds of GPU
+    python scripts/compare.py runs/x-* --by optim.name  # each norm's effect per optimizer, and how it differs
     python scripts/compare.py --results table.csv --detect 0.01       # numbers from anywhere (gpt.analysis.results)
     python scripts/compare.py runs/ladder-* --across-sizes --predict-at 124M    # runs of several model.size
     python scripts/compare.py runs/demo-*[a-z]-s? --ladder runs/demo-*-t*-s? [--throughput BENCH.jsonl]  # speedup
@@ -26,7 +26,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpt.analysis import comparable, scaling, speedup
+from gpt.analysis import scaling, speedup
 from gpt.commands.cli import command, parser_for
 from gpt.config import PRECISIONS
 
@@ -57,10 +57,26 @@ def build_parser() -> argparse.ArgumentParser:
         "default: over each run's configured test range)")  # fmt: skip
     parser.add_argument("--offset", type=int, help="with --tokens: the first token (default: data.test_offset)")
     parser.add_argument("--no-plots", action="store_true", help="write the tables only, no charts (seconds faster)")
-    comparable.add_arguments(parser)
+    _add_differing_keys(parser)
     scaling.add_arguments(parser)
     speedup.add_arguments(parser)
     return parser
+
+
+def _add_differing_keys(parser: argparse.ArgumentParser) -> None:
+    """--vary, --allow-differ and --select-on: the keys runs may differ in, and how."""
+    add = parser.add_argument
+    add("--vary", action="append", default=[], metavar="KEY",
+        help="a config or fingerprint key the runs may differ in, as an axis of the table: one "
+        "group per norm type and value (repeatable)")  # fmt: skip
+    add("--allow-differ", action="append", default=[], metavar="KEY",
+        help="a key the runs may differ in without forming groups; the report says so "
+        "(repeatable; a prefix like data.train names every key under it)")  # fmt: skip
+    add("--by", action="append", default=[], metavar="KEY", help="a factor crossed with the norm types "
+        "(optim.name, model.block; repeatable): each norm's effect per level, and across them")  # fmt: skip
+    add("--select-on", choices=("val",),
+        help="val: per norm type, the optim.lr with the lowest mean validation loss over seeds (never the test "
+        "loss); test losses compared at the chosen rates (implies --vary optim.lr)")  # fmt: skip
 
 
 @command
@@ -75,14 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     keys = ("which", "split", "precision", "equivalence_margin", "detect", "vary", "allow_differ", "tokens", "offset")
     options = {k: getattr(args, k) for k in (*keys, "select_on")}
     fit = {"predict_at": args.predict_at, "form": args.form, "irreducible": args.irreducible}
-    if args.across_sizes and (args.results is not None or args.ladder):
-        parser.error("--across-sizes reads run directories of several sizes (their curve), not --results or --ladder")
     if not args.across_sizes and args.predict_at is not None:
         parser.error("--predict-at predicts from a fit across sizes: add --across-sizes")
     if not (args.across_sizes or args.ladder) and (args.form, args.irreducible) != ("auto", None):
         parser.error("--form and --irreducible fit a curve: add --across-sizes, or --ladder RUN...")
-    if args.across_sizes and args.by:
-        parser.error("--by with --across-sizes: compare the factor within one size (its runs) at a time")
+    if args.across_sizes and (args.results is not None or args.ladder or args.by):
+        parser.error("--across-sizes reads run directories of several sizes (their curve), not --results/--ladder/--by")
     if args.across_sizes:  # each size compared as below, then the fits across sizes
         from gpt.analysis.across_sizes import compare_sizes as compare
         from gpt.analysis.across_sizes import markdown
@@ -92,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         from gpt.analysis.report import markdown
         from gpt.analysis.table import compare
 
-        options.update(by=args.by, results=args.results, ladder=args.ladder, throughput=args.throughput, form=args.form,
-                       irreducible=args.irreducible)  # fmt: skip
+        options.update(results=args.results, ladder=args.ladder, throughput=args.throughput, form=args.form,
+                       irreducible=args.irreducible, by=args.by)  # fmt: skip
     result = compare(args.runs, args.out, args.baseline, plots=not args.no_plots, **options)
     print(markdown(result), end="")
     plots = ", ".join(Path(p).name for p in result["plots"]) or "none (--no-plots)"

@@ -30,11 +30,8 @@ def parser() -> argparse.ArgumentParser:
         help="auto: continue from the run's latest checkpoint if there is one, else start; "
         "PATH: a run directory or checkpoint folder to continue from",
     )
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="start over in a run directory that holds a run (the old one is moved aside)",
-    )
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start over in a run directory that holds a run (the old one is moved aside)")  # fmt: skip
     parser.add_argument(
         "--dry-run",
         action="store_true",
@@ -69,11 +66,13 @@ def dry_run(cfg, gpus: int | None) -> str:
     from gpt.model.gpt import GPT  # after validation: building the model is the heavy part
     from gpt.model.inventory import model_summary
     from gpt.speed.overheads import overhead_lines, stats_step_cost
+    from gpt.training.optimizer import optimizer_line
 
     model = GPT(cfg.model, seed=cfg.init_seed)
     gpus = gpus or cfg.train.global_batch_size // cfg.train.micro_batch_size
     stats = stats_step_cost(cfg.model) if cfg.log.stats_every else None
-    return "\n".join([model_summary(cfg, model), *overhead_lines(cfg, model, gpus, stats)])
+    lines = [model_summary(cfg, model), optimizer_line(cfg.optim, model)]
+    return "\n".join([*lines, *overhead_lines(cfg, model, gpus, stats)])
 
 
 @command

@@ -138,11 +138,10 @@ def run_sweep(
     **compare_options,
 ) -> dict | None:
     """Run the grid of ``config`` x ``norm_types`` x ``seeds`` (``seeds_for`` a norm type: its own; or ``init_seeds``
-    x ``data_seeds`` crossed; x ``lrs``; x ``sizes``, then compared across sizes) in ``runs_dir``, ``nproc``
-    processes per run, and compare the cells into ``out`` (``compare_options``: ``compare_grid``'s); returns the
-    comparison (None for a dry run, which only logs the commands). ``hooks_for(cfg)``: the hooks of a cell trained
-    in this process (``gpt.commands.cli.standard_hooks``); ``token_fractions``: the baseline's token ladder too
-    (``lay_out_ladder``); ``factors``: ``--vary KEY=A,B`` crossed with the grid (``gpt.sweep.cells.parse_factors``).
+    x ``data_seeds`` crossed; x ``lrs``; x ``sizes``, compared across sizes; x ``factors``, ``--vary KEY=A,B``) in
+    ``runs_dir``, ``nproc`` processes per run, and compare the cells into ``out`` (``compare_options``:
+    ``compare_grid``'s); returns the comparison (None for a dry run: it logs the commands). ``hooks_for(cfg)``: a
+    cell's hooks (``standard_hooks``); ``token_fractions``: the baseline's token ladder too (``lay_out_ladder``).
 
     ``confirm_seeds`` (with ``lrs``): two stages. The grid is the selection: compared into ``<out>-selection``,
     where each norm type's rate is chosen on validation; then each chosen rate is trained on the fresh
@@ -150,10 +149,8 @@ def run_sweep(
     check_rates(confirm_seeds, lrs, seeds, init_seeds)
     check_size_axis(sizes, confirm_seeds, compare_options.get("predict_at"))
     check_fractions(token_fractions, sizes, lrs, init_seeds, confirm_seeds)
-    crossed = parse_factors(factors, overrides)
-    cells = lay_out(
-        config, norm_types, seeds, runs_dir, overrides, seeds_for, init_seeds, data_seeds, lrs, sizes, crossed
-    )
+    grid = (seeds_for, init_seeds, data_seeds, lrs, sizes, parse_factors(factors, overrides))
+    cells = lay_out(config, norm_types, seeds, runs_dir, overrides, *grid)
     ladder = lay_out_ladder(config, norm_types, seeds_for, seeds, runs_dir, overrides, token_fractions, compare_options)
     check_confirmation_kept(out := comparison_folder(config, runs_dir, out), confirm_seeds)
     compare_options["across_sizes"] = compare_options.get("across_sizes") or bool(sizes)
@@ -164,10 +161,8 @@ def run_sweep(
     if dry_run:
         log(shlex.join(compare_command(cells, grid_out, compare_options)))
         if confirm_seeds:
-            log(
-                f"# then each norm type's rate chosen there, on seeds {' '.join(map(str, confirm_seeds))}: trained, "
-                f"evaluated and compared into {out} (rerun without --dry-run once the selection has run to see them)"
-            )
+            log(f"# then each norm type's rate chosen there, on seeds {' '.join(map(str, confirm_seeds))}: trained, "
+                f"evaluated and compared into {out} (rerun without --dry-run once the selection has run)")  # fmt: skip
         return None
     result = compare_grid([c.run.path for c in cells], grid_out, **compare_options)
     if not confirm_seeds:

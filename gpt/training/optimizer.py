@@ -140,3 +140,16 @@ def step_unless_nonfinite(optimizer, scaler: torch.amp.GradScaler, grad_norm: to
     finally:
         del adamw.found_inf, adamw.grad_scale
     return bad
+
+
+def optimizer_line(o: OptimConfig, model: torch.nn.Module) -> str:
+    """The optimizer in one line of a run's account (train.py --dry-run), and under Muon what each half updates."""
+    split = split_record(model, o)
+    if split["name"] == "adamw":
+        return f"optimizer: AdamW on every parameter, lr {o.lr:g}"
+    m, a = split["muon"], split["adamw"]
+    return (
+        f"optimizer: Muon (lr {o.muon_lr:g}, momentum {o.muon_momentum:g}, {o.muon_adjust_lr}) on the blocks' "
+        f"{m['tensors']} weight matrices ({m['weights']:,} weights); AdamW (lr {o.lr:g}) on the other "
+        f"{a['tensors']} tensors ({a['weights']:,}: embeddings, head, norms, biases)"
+    )

@@ -203,10 +203,11 @@ def test_the_inventory_states_what_the_config_builds(tmp_path):
     assert norms == (2 * cfg.model.n_layers + 1) * 2 * cfg.model.d_model  # weight and bias of every LayerNorm
     assert text[0] == f"run {cfg.run.name} -> {cfg.run_dir}"
     assert text[2] == f"parameters: {model.num_params():,} ({norms:,} in norm layers)"
-    assert text[3] == "optimizer: AdamW on every parameter, lr 0.001"
-    assert text[5] == f"length: 7 steps = {7 * cfg.tokens_per_step:,} tokens"
-    muon = load_config(CONFIGS / "tiny.yaml", [f"run.dir={tmp_path / 'run'}", "optim.name=muon"])
-    line = model_summary(muon, model).splitlines()[3]
+    assert text[4] == f"length: 7 steps = {7 * cfg.tokens_per_step:,} tokens"
+    from gpt.training.optimizer import optimizer_line
+
+    assert optimizer_line(cfg.optim, model) == "optimizer: AdamW on every parameter, lr 0.001"
+    line = optimizer_line(load_config(CONFIGS / "tiny.yaml", ["optim.name=muon"]).optim, model)
     # 4 blocks x (qkv, attn.proj, mlp.fc, mlp.proj); the rest: 2 embeddings, the head, 9 norms x 2, 4 x 3 biases
     assert line.startswith("optimizer: Muon (lr 0.02, momentum 0.95, original) on the blocks' 16 weight matrices")
     assert f"({4 * 12 * 128 * 128:,} weights); AdamW (lr 0.001) on the other 33 tensors" in line

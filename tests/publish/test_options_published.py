@@ -24,10 +24,11 @@ from gpt.publish.layouts import Layout, export_weights
 SHAPE = dict(vocab_size=97, context_length=16, d_model=32, n_layers=2, n_heads=4)  # none of them the default
 # Options whose values exclude each other's (a rule of ModelConfig.validate): the first model leaves these as they
 # are said here, the second sets them; every exported option is away from its default in one of the two.
-FIRST = {"mlp_norm_type": None, "final_norm_type": None, "norm_depth_scaling": "none"}  # final_norm false, mix
+FIRST = {"mlp_norm_type": None, "final_norm_type": None, "norm_depth_scaling": "none", "block": "gpt2"}  # qkv_bias
 SECOND = {
     "norm_placement": "reordered", "mix_post_layers": None, "final_norm": True, "final_norm_type": "dyt",
     "norm_depth_scaling": "inverse_sqrt", "attn_norm_type": None, "mlp_norm_type": "handrolled_layernorm_fast",
+    "block": "modern", "qkv_bias": False,
 }  # fmt: skip
 
 

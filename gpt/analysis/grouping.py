@@ -46,6 +46,9 @@ def choose_baseline(groups: list[Group], baseline: str | None) -> tuple[str, str
     if len(plain) == 1:  # the write-up's model, where every --vary key is at its default: pre-norm, ...
         return plain[0].label, f"the default, {DEFAULT_BASELINE} with every --vary model key at its default"
     first = [g for g in groups if g.values[AXIS] == groups[0].values[AXIS]]
+    plain = [g for g in first if all(map(_is_default, g.values.items()))]
+    if len(first) > 1 and len(plain) == 1:  # no hand-rolled LayerNorm: the first norm type, the rest at default
+        return plain[0].label, "the first norm type in the write-up's order, every --vary key at its default"
     if len(first) > 1:
         raise UserError(
             f"no default baseline among groups that differ in more than the norm: give --baseline, "
@@ -58,18 +61,25 @@ def choose_baseline(groups: list[Group], baseline: str | None) -> tuple[str, str
 
 def _is_default(item: tuple[str, object]) -> bool:
     """Whether a group's value of key ``model.name`` is the model's default (the axis itself counts as one): the
-    write-up's architecture. A training setting varied (optim.lr) has no such default: its baseline is named."""
+    write-up's architecture, or a training setting's named choice (optim.name adamw). A number varied (optim.lr) has no
+    such default: its baseline is named."""
     key, value = item
     if key == AXIS:
         return True
-    return key.startswith("model.") and config_default(key) == value
+    field = _field(key)
+    chosen = field is not None and field.metadata.get("choices") is not None  # a named choice: optim.name adamw
+    return (key.startswith("model.") or chosen) and config_default(key) == value
+
+
+def _field(key: str) -> dataclasses.Field | None:
+    section, _, name = key.partition(".")
+    kind = next((f.default_factory for f in dataclasses.fields(Config) if f.name == section), None)
+    return next((f for f in dataclasses.fields(kind) if f.name == name), None) if isinstance(kind, type) else None
 
 
 def config_default(key: str):
     """The default of config key ``section.name`` (``dataclasses.MISSING`` for a key with none: a fingerprint's)."""
-    section, _, name = key.partition(".")
-    kind = next((f.default_factory for f in dataclasses.fields(Config) if f.name == section), None)
-    field = next((f for f in dataclasses.fields(kind) if f.name == name), None) if isinstance(kind, type) else None
+    field = _field(key)
     return dataclasses.MISSING if field is None else field.default
 
 

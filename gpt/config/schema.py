@@ -80,6 +80,7 @@ QK_NORMS = architecture.choices("qk_norm")  # what QK-norm normalises over
 SCHEDULES = declared_keys(SCHEDULE_REGISTRY, "SHAPES")  # the learning-rate schedules
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "muon")  # optim.name: gpt.training.optimizer builds each
+MUON_KEYS = ("muon_lr", "muon_momentum", "muon_adjust_lr")  # optim's keys that only Muon reads
 
 
 def norm_label_arg(value: str) -> str:
@@ -375,6 +376,14 @@ class OptimConfig:
         "Jordan's); match_rms_adamw: x 0.2 sqrt(max(rows, cols)) (Moonshot's, for AdamW's rates)",
         choices=("original", "match_rms_adamw"),
     )
+
+    @classmethod
+    def upgrade(cls, data: dict) -> dict:
+        """Muon's keys under AdamW read as their defaults: they cannot change the run, so a sweep that sets them for
+        every cell (``--lrs`` moves optim.muon_lr with the rate) trains each AdamW cell under one config."""
+        if data.get("name", "adamw") == "adamw":
+            return {k: v for k, v in data.items() if k not in MUON_KEYS}
+        return data
 
     def validate(self, fail) -> None:
         if self.min_lr > self.lr:

@@ -47,6 +47,7 @@ class Cell:
 
 
 MIN_LR_KEY = "optim.min_lr"  # the floor that follows a learning-rate sweep's axis (LR_KEY)
+MUON_LR_KEY = "optim.muon_lr"  # Muon's rate, which follows it too (AdamW cells read it as its default)
 
 
 def lr_text(lr: float) -> str:
@@ -114,9 +115,9 @@ def min_lr_fixed(overrides: list[str]) -> bool:
     return sets_key(overrides, MIN_LR_KEY)
 
 
-def rate_overrides(config: Path, overrides: list[str], lrs: list[float] | None) -> list[list[str]]:
-    """Each learning rate's ``--set`` overrides (``[[]]`` without ``lrs``): optim.lr, and optim.min_lr at the
-    config's ratio min_lr / lr unless ``overrides`` fix it."""
+def rate_overrides(config: Path, overrides: list[str], lrs: list[float] | None, muon: bool = False) -> list[list[str]]:
+    """Each learning rate's ``--set`` overrides (``[[]]`` without ``lrs``): optim.lr, and optim.min_lr (and, where a
+    cell trains with ``muon``, optim.muon_lr) at the config's ratio to optim.lr unless ``overrides`` fix them."""
     if not lrs:
         return [[]]
     if sets_key(overrides, LR_KEY):
@@ -124,11 +125,14 @@ def rate_overrides(config: Path, overrides: list[str], lrs: list[float] | None) 
     names = [lr_text(lr) for lr in lrs]
     if len(set(names)) != len(names):
         raise UserError(f"--lrs {' '.join(names)} names a learning rate twice")
-    optim, fixed = load_config(config, overrides).optim, min_lr_fixed(overrides)
+    optim = load_config(config, overrides).optim  # an AdamW config's muon_lr: the default, what Muon cells get
+    follow = [(key, value) for key, value in ((MIN_LR_KEY, optim.min_lr), (MUON_LR_KEY, optim.muon_lr))
+              if not sets_key(overrides, key) and (muon or key != MUON_LR_KEY)]  # fmt: skip
     out = []
     for lr in lrs:
-        floor = float(f"{lr * optim.min_lr / optim.lr:.12g}")  # 12 digits: no 1.4000000000000001e-4
-        out.append([f"{LR_KEY}={float(lr)!r}", *([] if fixed else [f"{MIN_LR_KEY}={floor!r}"])])
+        # 12 digits: no 1.4000000000000001e-4
+        moved = [f"{key}={float(f'{lr * value / optim.lr:.12g}')!r}" for key, value in follow]
+        out.append([f"{LR_KEY}={float(lr)!r}", *moved])
     return out
 
 
@@ -169,7 +173,10 @@ def lay_out(
     crosses the grid with learning rates (``rate_overrides``); ``sizes`` with model sizes, in their order
     (``check_sizes``); ``factors`` with every level of other config keys (``parse_factors``)."""
     cells = []
-    rates = rate_overrides(config, list(overrides), lrs)
+    muon = any(key == "optim.name" and "muon" in values for key, values in factors or [])
+    rates = rate_overrides(
+        config, list(overrides), lrs, muon or load_config(config, list(overrides)).optim.name == "muon"
+    )
     check_sizes(config, list(overrides), sizes)
     for size in sizes or [None]:
         for norm_type, (word, level) in itertools.product(norm_types, level_parts(factors or [])):

@@ -6,6 +6,7 @@ back) and lay out the same cells (``cells``).
 
 from __future__ import annotations
 
+import itertools
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,10 +14,12 @@ from pathlib import Path
 from gpt.analysis.selection import LR_KEY
 from gpt.common.errors import UserError
 from gpt.common.files import read_json
+from gpt.config import load_config
 from gpt.config.loader import parse_override
 from gpt.run.directory import COMPARISON_FILE
 from gpt.sweep.cells import (
     MIN_LR_KEY,
+    MUON_LR_KEY,
     Cell,
     check_fractions,
     check_rates,
@@ -25,10 +28,9 @@ from gpt.sweep.cells import (
     ladder_cells,
     ladder_norm,
     lay_out,
-    level_parts,
-    min_lr_fixed,
     parse_factors,
     selection_folder,
+    sets_key,
 )
 
 
@@ -112,16 +114,21 @@ class SweepSpec:
         on disk), in norm-type order; [] before the selection."""
         chosen = self.chosen_rates() if chosen is None else chosen
         by_parts = {frozenset(label.split(", ")): rate for label, rate in chosen.items()}
+        factors = parse_factors(self.factors)
         cells = []
         for norm in self.norm_types:
-            for _, level in level_parts(parse_factors(self.factors)):  # a family per norm type and level
-                family = frozenset([norm, *(f"{o.partition('=')[0]}={_value(o)}" for o in level)])
+            for combo in itertools.product(*[[(key, v) for v in values] for key, values in factors]):  # each level
+                family = frozenset([norm, *(f"{key}={_value(f'{key}={v}')}" for key, v in combo)])
                 if family in by_parts:
-                    sets = [*self.overrides, *level]
-                    cells += lay_out(
-                        self.config, [norm], self.confirm_seeds, self.runs_dir, sets, lrs=[by_parts[family]]
-                    )
+                    one = [(key, [v]) for key, v in combo]  # this level alone: its name, its overrides
+                    cells += lay_out(self.config, [norm], self.confirm_seeds, self.runs_dir, self.overrides,
+                                     lrs=[by_parts[family]], factors=one)  # fmt: skip
         return cells
+
+    def trains_muon(self) -> bool:
+        """Whether a cell of the grid trains with Muon: the config's (and --set's) optimizer, or a level's."""
+        names = {v for key, values in parse_factors(self.factors) if key == "optim.name" for v in values}
+        return "muon" in names or load_config(self.config, self.overrides).optim.name == "muon"
 
     @property
     def comparison(self) -> Path:
@@ -146,8 +153,7 @@ class SweepSpec:
             options["by"] = keys
         if self.lrs:
             options.update(vary=[LR_KEY, *keys], select_on="val")
-            if not min_lr_fixed(self.overrides) and MIN_LR_KEY not in self.allow_differ:
-                options["allow_differ"].append(MIN_LR_KEY)
+            options["allow_differ"] += following(self.overrides, self.allow_differ, self.trains_muon())
         return options
 
     def run_options(self) -> dict:
@@ -161,8 +167,7 @@ class SweepSpec:
         it follows, allowed to differ), with the record of where the rates came from."""
         options = {"baseline": self.baseline, "equivalence_margin": self.equivalence_margin,
                    "allow_differ": list(dict.fromkeys([*self.allow_differ, LR_KEY]))}  # fmt: skip
-        if not min_lr_fixed(self.overrides) and MIN_LR_KEY not in options["allow_differ"]:
-            options["allow_differ"].append(MIN_LR_KEY)
+        options["allow_differ"] += following(self.overrides, options["allow_differ"], self.trains_muon())
         families = [
             {"family": f["family"], "chosen_value": f["chosen_value"], "edge": f.get("edge"),
              "grid": [rate["value"] for rate in f["rates"]]}
@@ -201,3 +206,10 @@ class SweepSpec:
 def _value(override: str) -> str:
     """An override's value as a run's config reads it back (``0.020`` -> ``0.02``), as a family's label shows it."""
     return str(parse_override(override)[1])
+
+
+def following(overrides: list[str], allowed: list[str], muon: bool) -> list[str]:
+    """The keys that move with a learning-rate axis (optim.min_lr; optim.muon_lr where a cell trains with Muon)
+    unless --set fixes them: allowed to differ between the rates' runs, where not allowed already."""
+    keys = (MIN_LR_KEY, MUON_LR_KEY) if muon else (MIN_LR_KEY,)
+    return [key for key in keys if not sets_key(overrides, key) and key not in allowed]

@@ -12,7 +12,8 @@ from scipy import stats as scipy_stats
 
 from gpt.commands.sweep import build_parser
 from gpt.common.errors import UserError
-from gpt.sweep.cells import parse_factors
+from gpt.config import load_config
+from gpt.sweep.cells import lr_text, parse_factors
 from gpt.sweep.launch import run_sweep
 from gpt.sweep.spec import SweepSpec
 
@@ -145,3 +146,37 @@ def test_a_factor_also_set_is_refused_and_the_command_line_round_trips(tmp_path)
     assert spec.factors == ["optim.name=adamw,muon", "model.block=gpt2,modern"]
     again = SweepSpec.from_args(build_parser().parse_args(spec.argv()[3:]), nproc=1)
     assert again.factors == spec.factors and again.compare_options()["by"] == ["optim.name", "model.block"]
+
+
+def test_rates_are_chosen_per_norm_type_and_level_then_confirmed_crossed(tmp_path, token_set):
+    """--lrs with --vary and --confirm-seeds: each norm type x optimizer chooses its rate on the selection seeds
+    (Muon's rate moving with it at the config's ratio), then the chosen rates train on fresh seeds and that
+    comparison is the crossed one."""
+    from synthetic import write_train_yaml
+
+    text = write_train_yaml(tmp_path, token_set, "grid").read_text().replace("steps: 20", "steps: 4")
+    config = tmp_path / "lr.yaml"
+    text = text.replace("eval_every: 10", "eval_every: 4").replace("checkpoint_every: 10", "checkpoint_every: 4")
+    config.write_text(text
+                      .replace("data: {path:", "data: {test_tokens: 1024, path:"))  # fmt: skip
+    spec = SweepSpec(config, NORMS, [0, 1], runs_dir=tmp_path / "runs", lrs=[1e-2, 4e-2], confirm_seeds=[2, 3],
+                     factors=["optim.name=adamw,muon"])  # fmt: skip
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = run_sweep(**spec.run_options(), log=lambda _: None)
+    finally:
+        torch.set_num_threads(threads)
+    selection = json.loads((tmp_path / "runs" / "lr-comparison-selection" / "comparison.json").read_text())["selection"]
+    chosen = {f["family"]: f["chosen_value"] for f in selection["families"]}
+    assert sorted(chosen) == sorted(f"{n}, optim.name={o}" for n in NORMS for o in ("adamw", "muon"))
+    confirmed = sorted(p.name for p in (tmp_path / "runs").iterdir() if p.name.endswith(("-s2", "-s3")))
+    assert len(confirmed) == 8 and all(f"-lr{lr_text(chosen[f'{n}, optim.name={o}'])}-s" in name
+               for name in confirmed for n in NORMS for o in ("adamw", "muon")
+               if name.startswith(f"lr-{n.replace('_', '-')}-{o}-"))  # fmt: skip
+    muon_cell = next(p for p in (tmp_path / "runs").iterdir() if "-muon-lr" in p.name and p.name.endswith("-s2"))
+    cfg = load_config(muon_cell / "config.yaml")
+    assert cfg.optim.name == "muon" and cfg.optim.muon_lr == pytest.approx(cfg.optim.lr * 0.02 / 1e-2)
+    section = result["crossed"]
+    assert section["levels"] == ["adamw", "muon"] and section["rows"][0]["interactions"][0]["n"] == 2
+    assert {r["seed"] for g in result["groups"] for r in g["runs"]} == {"2", "3"}

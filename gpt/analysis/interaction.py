@@ -91,10 +91,10 @@ def crossed(groups: list[Group], by: list[str], baseline: str | None, default_of
             est = difference(effect["paired"], ref["paired"]) if effect["paired"] and ref["paired"] else _none()
             row["interactions"].append({**_public(est), "level": effect["level"], "reference": ref["level"],
                                         "resolvable": _resolvable(est)})  # fmt: skip
-            family.append(row["interactions"][-1])
-    for item, adjusted in zip(family, holm([i["p"] for i in family])):
+            family.append((row["norm"], row["interactions"][-1]))
+    for (norm, item), adjusted in zip(family, holm([i["p"] for _, i in family])):
         item["holm_p"] = adjusted
-        item["verdict"] = verdict(item, _row_of(rows, item)["norm"], base)
+        item["verdict"] = verdict(item, norm, base)
     for row in rows:
         for e in row["effects"]:
             e.pop("paired")
@@ -126,10 +126,6 @@ def _resolvable(est: dict) -> float:
     return math.nan if not (se and df) or math.isnan(se) or math.isnan(df) else resolvable_difference(se, df)
 
 
-def _row_of(rows: list[dict], item: dict) -> dict:
-    return next(r for r in rows if any(i is item for i in r["interactions"]))
-
-
 def verdict(item: dict, norm: str, base: str) -> str:
     """One line: whether the effect of ``norm`` vs ``base`` differs between the reference level and this one."""
     d, low, high, p = item["diff"], item["low"], item["high"], item["holm_p"]
@@ -140,8 +136,7 @@ def verdict(item: dict, norm: str, base: str) -> str:
     if not math.isnan(p) and p < 1 - LEVEL:
         return f"the effect of {norm} vs {base} differs {between} by {d:+.4f} {interval} (Holm p {p:.3g})"
     held = "" if math.isnan(p) else f" (Holm p {p:.3g})"
-    return (f"no interaction resolved: the effect of {norm} vs {base} differs {between} by {d:+.4f} {interval}"
-            f"{held}")  # fmt: skip
+    return f"no interaction resolved {between}: the effect of {norm} vs {base} changes by {d:+.4f} {interval}{held}"
 
 
 # --------------------------------------------------------------------------- simulation's vectorised form

@@ -372,6 +372,7 @@ def test_resume_refuses_a_changed_experiment(train_yaml, tiny_run_copy, cli):
         (["train.steps=30"], "train.steps: checkpoint 20, config 30"),
         (["optim.schedule=constant"], "optim.schedule: checkpoint 'cosine', config 'constant'"),
         (["train.precision=fp16"], "train.precision: checkpoint 'fp32', config 'fp16'"),
+        (["optim.name=muon"], "optim.name: checkpoint 'adamw', config 'muon'"),
     ):
         with pytest.raises(
             UserError,

@@ -109,5 +109,5 @@ def test_every_recipe_performed_as_written_passes_its_commands_and_the_fast_test
     torch_free = f".venv/bin/python -c '{script}'"
     assert run(torch_free, copy).stdout.split() == ["True", "False"]  # a config choice before torch loads
     assert "--top5-tokens" in run(".venv/bin/python evaluate.py --help", copy).stdout
-    swiglu = ".venv/bin/python train.py configs/tiny.yaml --set model.mlp=swiglu --dry-run"
-    assert "norm handrolled_layernorm (SwiGLU MLP)" in run(swiglu, copy).stdout  # the spec's words, in the summary
+    relu2 = ".venv/bin/python train.py configs/tiny.yaml --set model.activation=relu2 --dry-run"
+    assert "norm handrolled_layernorm (ReLU^2 MLP)" in run(relu2, copy).stdout  # the spec's words, in the summary

@@ -41,12 +41,17 @@ def level_name(by: list[str], level: tuple) -> str:
 def levels_of(groups: list[Group], by: list[str], default_of) -> list[tuple]:
     """The levels the groups hold, the reference first: the one whose every key is at ``default_of(key)`` (the
     config's default), else the first in sorted order; the others sorted."""
-    levels = sorted({tuple(g.values[k] for k in by) for g in groups}, key=lambda lv: tuple(map(str, lv)))
+    levels = sorted({_level(g, by) for g in groups}, key=lambda lv: tuple(map(str, lv)))
     if len(levels) < 2:
         raise UserError(f"--by {' '.join(by)}: these runs hold one level ({level_name(by, levels[0])}); a crossed "
                         "comparison needs runs at two levels or more")  # fmt: skip
     reference = next((lv for lv in levels if all(default_of(k) == v for k, v in zip(by, lv))), levels[0])
     return [reference, *(lv for lv in levels if lv != reference)]
+
+
+def _level(group: Group, by: list[str]) -> tuple:
+    """A group's level: its value of each ``by`` key (None for a key its runs all share: not an axis)."""
+    return tuple(group.values.get(k) for k in by)
 
 
 def reference_group(groups: list[Group], by: list[str], baseline: str | None, default_of) -> str:
@@ -55,7 +60,7 @@ def reference_group(groups: list[Group], by: list[str], baseline: str | None, de
     norm = baseline_norm(groups, baseline)
     ref = levels_of(groups, by, default_of)[0]
     for g in groups:
-        if g.values[AXIS] == norm and tuple(g.values[k] for k in by) == ref:
+        if g.values[AXIS] == norm and _level(g, by) == ref:
             return g.label
     raise UserError(f"no run of the baseline {norm} at the reference level {level_name(by, ref)}: train it")
 
@@ -77,7 +82,7 @@ def crossed(groups: list[Group], by: list[str], baseline: str | None, default_of
     interactions, with Holm over each family and a verdict per interaction."""
     levels = levels_of(groups, by, default_of)
     base = baseline_norm(groups, baseline)
-    cells = {(g.values[AXIS], tuple(g.values[k] for k in by)): g.losses_by_cell() for g in groups}
+    cells = {(g.values[AXIS], _level(g, by)): g.losses_by_cell() for g in groups}
     norms = [n for n in dict.fromkeys(g.values[AXIS] for g in groups) if n != base]
     rows = [{"norm": n, "effects": [], "interactions": []} for n in norms]
     for level in levels:

@@ -179,3 +179,13 @@ def test_rates_are_chosen_per_norm_type_and_level_then_confirmed_crossed(tmp_pat
     section = result["crossed"]
     assert section["levels"] == ["adamw", "muon"] and section["rows"][0]["interactions"][0]["n"] == 2
     assert {r["seed"] for g in result["groups"] for r in g["runs"]} == {"2", "3"}
+
+
+def test_compare_by_a_key_the_runs_share_is_one_line(crossed, cli, tmp_path):
+    runs, _ = crossed
+    cells = sorted(str(p) for p in runs.iterdir() if p.name != "crossed-comparison")
+    out = cli("compare", *cells, "--by", "model.block", "--vary", "optim.name", "--out", tmp_path / "c", "--no-plots")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "--by model.block: these runs hold one level (gpt2)" in out.stderr
+    again = cli("compare", *cells, "--by", "optim.name", "--out", tmp_path / "d", "--no-plots")
+    assert again.returncode == 0 and "## Does the effect depend on optim.name?" in again.stdout

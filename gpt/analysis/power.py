@@ -10,7 +10,10 @@ Each question a sweep asks is a t test over independent seeds, so its power is t
   paired difference against log10 N is ``sum_s w_s d_s`` with ``w = (x - mean x) / sum (x - mean x)^2``, so with
   independent sizes its standard deviation is ``sd * sqrt(sum w^2)`` and the mean slope's se that over sqrt(K),
   on K - 1 df: exact for normal noise, and simulated against ``trend_many`` itself
-  (``tests/analysis/test_power.py``).
+  (``tests/analysis/test_power.py``);
+- **the interaction with a crossed factor** (``gpt.analysis.interaction``, ``sweep.py --vary``): per seed the
+  difference of its paired differences at two levels, sd ``sd * sqrt(2)`` where the levels' noise is
+  independent (no correlation across levels: the plan's assumption, the worst case for shared seeds); K - 1 df.
 
 Printed: the smallest true difference (and trend per 10x parameters) detected with 80% power, the power at a
 target (``--detect``, ``--detect-trend``) and the seeds that target needs.
@@ -53,10 +56,18 @@ def question(sd: float, seeds: int, detect: float | None) -> dict:
 
 
 def plan(
-    sd: float, seeds: int, n_params: list[float] | None, detect: float | None = None, detect_trend: float | None = None
+    sd: float,
+    seeds: int,
+    n_params: list[float] | None,
+    detect: float | None = None,
+    detect_trend: float | None = None,
+    crossed: bool = False,
 ) -> dict:
-    """The study's questions: the difference at one size, and (with two sizes or more) the gap's trend."""
+    """The study's questions: the difference at one size, (with two sizes or more) the gap's trend, and (``crossed``:
+    a factor crossed with the norm types) the interaction, whose target is ``detect`` too."""
     out = {"sd": sd, "seeds": seeds, "difference": question(sd, seeds, detect)}
+    if crossed:
+        out["interaction"] = question(sd * math.sqrt(2), seeds, detect)
     if n_params is not None and len(n_params) >= 2:
         out["trend"] = {**question(sd * trend_sd(n_params), seeds, detect_trend), "n_params": list(n_params)}
     return out
@@ -132,10 +143,14 @@ def lines(p: dict, source: str) -> list[str]:
             "per 10x parameters or more (independent sizes)"
         )
         out += _target(t, "a trend of {:.4f} nats per 10x")
-    out.append(
-        "- an interaction of crossed factors: none in this sweep (across sizes, the trend is the norm x size one)"
-    )
-    return out
+    i = p.get("interaction")
+    if i is None:
+        out.append("- an interaction of crossed factors: none in this sweep (--vary KEY=A,B crosses one; across "
+                   "sizes, the trend is the norm x size one)")  # fmt: skip
+        return out
+    out.append(f"- the interaction with the crossed factor (a norm's effect at one level minus at another, the same "
+               f"seeds, the levels' noise independent): detects {i['resolvable']:.4f} nats or more")  # fmt: skip
+    return out + _target(i, "an interaction of {:.4f} nats")
 
 
 def _target(q: dict, what: str) -> list[str]:

@@ -8,9 +8,11 @@ the power is ``gpt.analysis.power``'s at the noise of a named comparison (``--no
 
 from __future__ import annotations
 
+import math
+
 from gpt.analysis import power
 from gpt.common.errors import UserError
-from gpt.sweep.cells import Cell, off_budget
+from gpt.sweep.cells import Cell, off_budget, parse_factors
 from gpt.sweep.spec import SweepSpec
 
 
@@ -48,7 +50,8 @@ def plan_lines(spec: SweepSpec, args) -> str:
     seeds = len(spec.confirm_seeds) if spec.confirm_seeds else len(spec.seeds)
     cells = spec.grid_cells()  # each cell's config resolved once: the count and the sizes' parameters
     counts = size_counts(cells) if spec.sizes else None
-    confirm = len(spec.norm_types) * seeds if spec.confirm_seeds else 0
+    levels = math.prod(len(values) for _, values in parse_factors(spec.factors))
+    confirm = len(spec.norm_types) * levels * seeds if spec.confirm_seeds else 0
     then = f", then {confirm} confirmation cell(s)" if confirm else ""
     ladder = spec.ladder_cells()
     if ladder:
@@ -59,5 +62,5 @@ def plan_lines(spec: SweepSpec, args) -> str:
         out.append("# sizes (parameters outside the norms): " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
     tested = "the confirmation seeds" if spec.confirm_seeds else "the seeds"
     out.append(f"# each question is tested over {tested}, paired by seed with the baseline")
-    p = power.plan(sd, seeds, list(counts.values()) if counts else None, detect, detect_trend)
+    p = power.plan(sd, seeds, list(counts.values()) if counts else None, detect, detect_trend, bool(spec.factors))
     return "\n".join(out + power.lines(p, source))

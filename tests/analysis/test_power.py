@@ -105,3 +105,21 @@ def test_the_gpu_studys_power_in_the_docs_is_the_plans():
     assert f"a change in the gap of {t['resolvable']:.4f} nats or more per 10x parameters" in docs
     assert f"detected {t['power']:.0%} of the time ({t['seeds_needed']} seeds reach 80%)" in docs
     assert f"a difference of 0.01 nats at one size {d['power']:.0%} of the time ({d['seeds_needed']} seeds)" in docs
+
+
+@pytest.mark.parametrize("seeds, sd", [(3, 0.02), (5, 0.01)])
+def test_the_planned_interaction_power_is_the_simulated_interaction_tests(seeds, sd):
+    """At the smallest interaction the plan says the seeds detect, the comparison's own interaction test
+    (``interaction_many``, shared seeds, each level's paired difference of sd ``sd``) rejects 80% of the time."""
+    from gpt.analysis.interaction import interaction_many
+
+    p = power.plan(sd, seeds, None, crossed=True)
+    delta = p["interaction"]["resolvable"]
+    assert delta == pytest.approx(p["difference"]["resolvable"] * math.sqrt(2), rel=1e-6)
+    rng = np.random.default_rng(seeds)
+    reps = 20000
+    d_ref, d_level = rng.normal(0, sd, (reps, seeds)), rng.normal(delta, sd, (reps, seeds))
+    zero = np.zeros((reps, seeds))
+    rejected = np.mean(interaction_many(d_level, zero, d_ref, zero, shared=True)["p"] < 0.05)
+    assert rejected == pytest.approx(stats.POWER, abs=0.015)
+    assert any("the interaction with the crossed factor" in line for line in power.lines(p, "given"))

@@ -405,12 +405,17 @@ def test_peri_reordered_and_qk_norm_models_reload_through_transformers_and_gener
     new = jitter_norms(GPT(new_cfg.model, seed=3).eval())
     folders = [published(tmp_path, cfg, model), published(tmp_path / "pre", pre_cfg, pre, old_config=True)]
     folders.append(published(tmp_path / "new", new_cfg, new))
+    # the modern block: rotary positions through transformers' generation loop, cache or not
+    modern_cfg = run_config(tmp_path / "modern", "pytorch_rmsnorm")
+    modern_cfg.model.block = "modern"
+    modern = jitter_norms(GPT(modern_cfg.model, seed=3).eval())
+    folders.append(published(tmp_path / "modern", modern_cfg, modern))
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     argv = [sys.executable, "-c", HF_LOAD, json.dumps([str(f) for f in folders]), json.dumps(ids.tolist())]
     out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     results = json.loads(out.stdout.splitlines()[-1])
-    built = ((model, "peri", "full"), (pre, "pre", "none"), (new, "reordered", "full"))
+    built = ((model, "peri", "full"), (pre, "pre", "none"), (new, "reordered", "full"), (modern, "pre", "none"))
     for folder, (ours, placement, qk_norm) in zip(folders, built, strict=True):
         got = results[str(folder)]
         assert (got["placement"], got["qk_norm"]) == (placement, qk_norm)  # the same placement was built

@@ -54,15 +54,13 @@ def _level(group: Group, by: list[str]) -> tuple:
     return tuple(group.values.get(k) for k in by)
 
 
-def reference_group(groups: list[Group], by: list[str], baseline: str | None, default_of) -> str:
-    """The label of the main table's baseline for a crossed comparison: the baseline norm type at the reference
-    level (``baseline`` may name the norm type alone)."""
-    norm = baseline_norm(groups, baseline)
-    ref = levels_of(groups, by, default_of)[0]
-    for g in groups:
-        if g.values[AXIS] == norm and _level(g, by) == ref:
-            return g.label
-    raise UserError(f"no run of the baseline {norm} at the reference level {level_name(by, ref)}: train it")
+def reference_group(section: dict) -> str:
+    """The label of the main table's baseline for a crossed comparison (``crossed``'s section): the baseline norm
+    type at the reference level."""
+    if section["reference_group"] is None:
+        raise UserError(f"no run of the baseline {section['baseline']} at the reference level {section['levels'][0]}: "
+                        "train it")  # fmt: skip
+    return section["reference_group"]
 
 
 def baseline_norm(groups: list[Group], baseline: str | None) -> str:
@@ -79,7 +77,8 @@ def baseline_norm(groups: list[Group], baseline: str | None) -> str:
 
 def crossed(groups: list[Group], by: list[str], baseline: str | None, default_of) -> dict:
     """The crossed comparison's section (see the module): levels, each norm type's effect per level and its
-    interactions, with Holm over each family and a verdict per interaction."""
+    interactions, with Holm over each family and a verdict per interaction; ``reference_group``: the label of the
+    baseline norm type's group at the reference level (None where it has no runs)."""
     levels = levels_of(groups, by, default_of)
     base = baseline_norm(groups, baseline)
     cells = {(g.values[AXIS], _level(g, by)): g.losses_by_cell() for g in groups}
@@ -103,8 +102,9 @@ def crossed(groups: list[Group], by: list[str], baseline: str | None, default_of
     for row in rows:
         for e in row["effects"]:
             e.pop("paired")
+    reference = next((g.label for g in groups if g.values[AXIS] == base and _level(g, by) == levels[0]), None)
     return {"by": list(by), "baseline": base, "levels": [level_name(by, lv) for lv in levels], "rows": rows,
-            "level": LEVEL}  # fmt: skip
+            "level": LEVEL, "reference_group": reference}  # fmt: skip
 
 
 def _effect(a: dict | None, b: dict | None) -> dict:

@@ -217,7 +217,7 @@ def _grouped(runs: list, vary: list[str], baseline: str | None, select_on: str |
     groups = group_runs(runs, vary)
     crossed = interaction.crossed(groups, by, baseline, config_default) if by else None
     if by and baseline not in {g.label for g in groups}:  # a norm type, or none: at the reference level
-        baseline = interaction.reference_group(groups, by, baseline, config_default)
+        baseline = interaction.reference_group(crossed)
     return (*compared_groups(groups, baseline, select_on), crossed)
 
 

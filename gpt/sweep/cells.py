@@ -97,12 +97,29 @@ def parse_factors(factors: list[str] | None, overrides: list[str] = ()) -> list[
     return out
 
 
+def levels(factors: list[tuple[str, list[str]]]) -> list[tuple[tuple[str, str], ...]]:
+    """Every level of the crossed factors, their product in order, each as its (key, value) pairs; one empty level
+    without factors."""
+    return list(itertools.product(*[[(key, v) for v in values] for key, values in factors]))
+
+
 def level_parts(factors: list[tuple[str, list[str]]]) -> list[tuple[str, list[str]]]:
-    """Every level of the crossed factors (their product, in order) as (its word in a folder name, its --set
-    overrides); one empty level without factors."""
-    combos = itertools.product(*[[(key, v) for v in values] for key, values in factors])
+    """Every level (``levels``) as (its word in a folder name, its --set overrides)."""
     return [("-".join(re.sub(r"[^A-Za-z0-9.]+", "-", v) for _, v in combo), [f"{k}={v}" for k, v in combo])
-            for combo in combos]  # fmt: skip
+            for combo in levels(factors)]  # fmt: skip
+
+
+def trains_muon(optimizer: str, factors: list[tuple[str, list[str]]] | None) -> bool:
+    """Whether a cell of a grid whose config (with its --set) names ``optimizer`` trains with Muon: that, or a
+    level of optim.name."""
+    named = {v for key, values in factors or [] if key == "optim.name" for v in values}
+    return "muon" in {optimizer, *named}
+
+
+def following(overrides: list[str], muon: bool) -> list[str]:
+    """The keys that move with a learning-rate axis, at the config's ratio to optim.lr, unless --set fixes them:
+    optim.min_lr, and optim.muon_lr where a cell trains with ``muon`` (an AdamW cell reads it as its default)."""
+    return [key for key in (MIN_LR_KEY, *([MUON_LR_KEY] if muon else [])) if not sets_key(overrides, key)]
 
 
 def sets_key(overrides: list[str], key: str) -> bool:
@@ -110,14 +127,12 @@ def sets_key(overrides: list[str], key: str) -> bool:
     return any(o.partition("=")[0].strip() == key for o in overrides)
 
 
-def min_lr_fixed(overrides: list[str]) -> bool:
-    """Whether the sweep's ``--set`` fixes optim.min_lr (then every rate keeps it; else it follows each rate)."""
-    return sets_key(overrides, MIN_LR_KEY)
-
-
-def rate_overrides(config: Path, overrides: list[str], lrs: list[float] | None, muon: bool = False) -> list[list[str]]:
-    """Each learning rate's ``--set`` overrides (``[[]]`` without ``lrs``): optim.lr, and optim.min_lr (and, where a
-    cell trains with ``muon``, optim.muon_lr) at the config's ratio to optim.lr unless ``overrides`` fix them."""
+def rate_overrides(
+    config: Path, overrides: list[str], lrs: list[float] | None, factors: list[tuple[str, list[str]]] | None = None
+) -> list[list[str]]:
+    """Each learning rate's ``--set`` overrides (``[[]]`` without ``lrs``): optim.lr, and the keys that follow it
+    (``following``: optim.min_lr, and optim.muon_lr where a cell of the config or a level of ``factors`` trains
+    with Muon) at the config's ratio to optim.lr."""
     if not lrs:
         return [[]]
     if sets_key(overrides, LR_KEY):
@@ -126,8 +141,8 @@ def rate_overrides(config: Path, overrides: list[str], lrs: list[float] | None, 
     if len(set(names)) != len(names):
         raise UserError(f"--lrs {' '.join(names)} names a learning rate twice")
     optim = load_config(config, overrides).optim  # an AdamW config's muon_lr: the default, what Muon cells get
-    follow = [(key, value) for key, value in ((MIN_LR_KEY, optim.min_lr), (MUON_LR_KEY, optim.muon_lr))
-              if not sets_key(overrides, key) and (muon or key != MUON_LR_KEY)]  # fmt: skip
+    ratios = {MIN_LR_KEY: optim.min_lr, MUON_LR_KEY: optim.muon_lr}
+    follow = [(key, ratios[key]) for key in following(overrides, trains_muon(optim.name, factors))]
     out = []
     for lr in lrs:
         # 12 digits: no 1.4000000000000001e-4
@@ -173,10 +188,7 @@ def lay_out(
     crosses the grid with learning rates (``rate_overrides``); ``sizes`` with model sizes, in their order
     (``check_sizes``); ``factors`` with every level of other config keys (``parse_factors``)."""
     cells = []
-    muon = any(key == "optim.name" and "muon" in values for key, values in factors or [])
-    rates = rate_overrides(
-        config, list(overrides), lrs, muon or load_config(config, list(overrides)).optim.name == "muon"
-    )
+    rates = rate_overrides(config, list(overrides), lrs, factors)
     check_sizes(config, list(overrides), sizes)
     for size in sizes or [None]:
         for norm_type, (word, level) in itertools.product(norm_types, level_parts(factors or [])):

@@ -6,7 +6,6 @@ back) and lay out the same cells (``cells``).
 
 from __future__ import annotations
 
-import itertools
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,19 +17,19 @@ from gpt.config import load_config
 from gpt.config.loader import parse_override
 from gpt.run.directory import COMPARISON_FILE
 from gpt.sweep.cells import (
-    MIN_LR_KEY,
-    MUON_LR_KEY,
     Cell,
     check_fractions,
     check_rates,
     check_size_axis,
     comparison_folder,
+    following,
     ladder_cells,
     ladder_norm,
     lay_out,
+    levels,
     parse_factors,
     selection_folder,
-    sets_key,
+    trains_muon,
 )
 
 
@@ -117,7 +116,7 @@ class SweepSpec:
         factors = parse_factors(self.factors)
         cells = []
         for norm in self.norm_types:
-            for combo in itertools.product(*[[(key, v) for v in values] for key, values in factors]):  # each level
+            for combo in levels(factors):
                 family = frozenset([norm, *(f"{key}={_value(f'{key}={v}')}" for key, v in combo)])
                 if family in by_parts:
                     one = [(key, [v]) for key, v in combo]  # this level alone: its name, its overrides
@@ -125,10 +124,11 @@ class SweepSpec:
                                      lrs=[by_parts[family]], factors=one)  # fmt: skip
         return cells
 
-    def trains_muon(self) -> bool:
-        """Whether a cell of the grid trains with Muon: the config's (and --set's) optimizer, or a level's."""
-        names = {v for key, values in parse_factors(self.factors) if key == "optim.name" for v in values}
-        return "muon" in names or load_config(self.config, self.overrides).optim.name == "muon"
+    def following(self, allowed: list[str]) -> list[str]:
+        """The keys that move with the rate axis (``gpt.sweep.cells.following``), where not ``allowed`` already:
+        allowed to differ between the rates' runs."""
+        muon = trains_muon(load_config(self.config, self.overrides).optim.name, parse_factors(self.factors))
+        return [key for key in following(self.overrides, muon) if key not in allowed]
 
     @property
     def comparison(self) -> Path:
@@ -153,7 +153,7 @@ class SweepSpec:
             options["by"] = keys
         if self.lrs:
             options.update(vary=[LR_KEY, *keys], select_on="val")
-            options["allow_differ"] += following(self.overrides, self.allow_differ, self.trains_muon())
+            options["allow_differ"] += self.following(self.allow_differ)
         return options
 
     def run_options(self) -> dict:
@@ -167,7 +167,7 @@ class SweepSpec:
         it follows, allowed to differ), with the record of where the rates came from."""
         options = {"baseline": self.baseline, "equivalence_margin": self.equivalence_margin,
                    "allow_differ": list(dict.fromkeys([*self.allow_differ, LR_KEY]))}  # fmt: skip
-        options["allow_differ"] += following(self.overrides, options["allow_differ"], self.trains_muon())
+        options["allow_differ"] += self.following(options["allow_differ"])
         families = [
             {"family": f["family"], "chosen_value": f["chosen_value"], "edge": f.get("edge"),
              "grid": [rate["value"] for rate in f["rates"]]}
@@ -206,10 +206,3 @@ class SweepSpec:
 def _value(override: str) -> str:
     """An override's value as a run's config reads it back (``0.020`` -> ``0.02``), as a family's label shows it."""
     return str(parse_override(override)[1])
-
-
-def following(overrides: list[str], allowed: list[str], muon: bool) -> list[str]:
-    """The keys that move with a learning-rate axis (optim.min_lr; optim.muon_lr where a cell trains with Muon)
-    unless --set fixes them: allowed to differ between the rates' runs, where not allowed already."""
-    keys = (MIN_LR_KEY, MUON_LR_KEY) if muon else (MIN_LR_KEY,)
-    return [key for key in keys if not sets_key(overrides, key) and key not in allowed]
